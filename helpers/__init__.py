@@ -1,0 +1,49 @@
+"""Shared plumbing for the notebooks: tiny local models, fixtures, a Ray that never hangs,
+parameter checks, sharding proofs, results files and plots.
+
+The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) stay in the
+notebooks; this package holds only set-up a learner should not have to wade through.
+"""
+
+from .cache import cache_dir
+from .cluster import LOG_NOISE, ResourceRequestError, check_resources, start_ray
+from .fixtures import AG_NEWS_LABELS, ag_news_fixture, chat_fixture, play_script_fixture
+from .plots import plot_losses
+from .results import REQUIRED_KEYS, Stopwatch, write_results
+from .sharding import zero_partition_fraction
+from .tiny_models import TINY_ARCHS, tiny_model
+from .validate import (
+    ParameterError,
+    check_choice,
+    check_int,
+    check_max_positions,
+    check_positive,
+    check_source_available,
+    model_max_positions,
+)
+
+__all__ = [
+    "AG_NEWS_LABELS",
+    "LOG_NOISE",
+    "REQUIRED_KEYS",
+    "TINY_ARCHS",
+    "ParameterError",
+    "ResourceRequestError",
+    "Stopwatch",
+    "ag_news_fixture",
+    "cache_dir",
+    "chat_fixture",
+    "check_choice",
+    "check_int",
+    "check_max_positions",
+    "check_positive",
+    "check_resources",
+    "check_source_available",
+    "model_max_positions",
+    "play_script_fixture",
+    "plot_losses",
+    "start_ray",
+    "tiny_model",
+    "write_results",
+    "zero_partition_fraction",
+]

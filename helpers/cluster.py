@@ -1,0 +1,145 @@
+"""Starting Ray so a notebook never hangs, and failing fast on requests it can never meet.
+
+Used by the "Start Ray" cell of every notebook.
+
+Two traps this module exists for (both seen on a 2-core laptop, see the README):
+- Ray Data + 2 training workers deadlock when the workers hold every CPU slot: the read
+  operator waits, "backpressured", forever. A local Ray here advertises more logical CPUs
+  than cores (`num_cpus`), so Ray Data always has slots left; the OS shares the cores.
+- `trainer.fit()` waits forever (no error) for resources the cluster does not have,
+  e.g. 16 GPUs on a laptop. `check_resources` raises before `fit()` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+__all__ = ["start_ray", "check_resources", "ResourceRequestError", "LOG_NOISE"]
+
+# Lines that drown the lesson and tell a learner nothing they can act on.
+LOG_NOISE = [
+    re.compile(r"Failed to query Ray Train Controller actor state"),
+    re.compile(r"State API may be temporarily unavailable"),
+    re.compile(r"Setting accelerator to CPU"),  # DeepSpeed on CPU workers, harmless
+    re.compile(r"Reporting training result \d+: TrainingReport"),  # echoes every metric again
+    re.compile(r"Checkpoint successfully created at"),  # the notebook prints result.checkpoint
+    re.compile(r"has constructor arguments in the object store and max_restarts"),  # Ray-internal
+    re.compile(r"`torch.distributed.all_gather_into_tensor` is deprecated"),  # inside DeepSpeed
+    re.compile(r"`torch.distributed.reduce_scatter_tensor` is deprecated"),  # inside DeepSpeed
+    re.compile(r"`loss_type=None` was set in the config but it is unrecognized"),  # transformers 5
+    re.compile(r"^\s*return func\(\*args, \*\*kwargs\)\s*$"),  # ... and its source line
+]
+
+# Set on every Ray worker: 16 workers' progress bars for the same small load are noise.
+WORKER_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+class ResourceRequestError(RuntimeError):
+    """Raised before `fit()` when the cluster can never run the requested workers."""
+
+
+def _filter_worker_logs() -> None:
+    """Drop `LOG_NOISE` lines from what Ray forwards from workers to this process."""
+    try:
+        from ray._private import worker as ray_worker
+    except ImportError:  # a future Ray without this module: keep the noise, never break
+        return
+    dispatcher = getattr(ray_worker, "global_worker_stdstream_dispatcher", None)
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if dispatcher is None or printer is None:
+        return
+
+    def handler(data, ignore_prefix=ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)):
+        lines = [ln for ln in data.get("lines", []) if not any(p.search(ln) for p in LOG_NOISE)]
+        if lines:
+            printer({**data, "lines": lines}, ignore_prefix=ignore_prefix)
+
+    try:
+        dispatcher.remove_handler("ray_print_logs")
+        dispatcher.add_handler("ray_print_logs", handler)
+    except Exception:  # noqa: BLE001 - private API; noise is better than a crash
+        pass
+
+
+def start_ray(num_cpus: int | None = None, **init_kwargs) -> dict:
+    """Attach to the cluster at `RAY_ADDRESS` (Anyscale, `ray start`), or start a local Ray.
+
+    A local Ray gets `num_cpus` logical CPUs, by default `max(4, 2 * cores)`: enough slots
+    for the training workers *and* Ray Data's tasks (the anti-deadlock setting above).
+    Returns `ray.cluster_resources()`.
+    """
+    import ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # Ray Train v2 tees every worker print() into its logger *and* stdout: each line shows twice.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    if not os.environ.get("RAY_ADDRESS"):
+        # A laptop is never preempted; the watcher actor only costs start-up time there.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+    # Ray Train v2 prints a deprecation hint per call for this; the notebooks use the v2 API.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
+    if not ray.is_initialized():
+        kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+        kwargs.update(init_kwargs)
+        runtime_env = kwargs.setdefault("runtime_env", {})
+        runtime_env["env_vars"] = {**WORKER_ENV, **runtime_env.get("env_vars", {})}
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(**kwargs)
+        else:
+            cores = os.cpu_count() or 1
+            ray.init(num_cpus=num_cpus or max(4, 2 * cores), **kwargs)
+        _filter_worker_logs()
+    return ray.cluster_resources()
+
+
+def _autoscaling() -> bool:
+    # Ray cannot tell a driver whether an autoscaler will add nodes; clusters that do
+    # (Anyscale, KubeRay with autoscaling) say so through this variable.
+    return os.environ.get("LLM_NOTEBOOKS_AUTOSCALING", "0") == "1"
+
+
+def check_resources(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.0) -> None:
+    """Raise `ResourceRequestError` if `num_workers` workers (1 GPU each if `use_gpu`) can never run.
+
+    Checks the whole cluster and that one worker's bundle fits on some node. On a cluster
+    that autoscales (`LLM_NOTEBOOKS_AUTOSCALING=1`) a shortfall is only a warning.
+    """
+    import ray
+
+    gpus_per_worker = 1.0 if use_gpu else 0.0
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    total_cpu = sum(n.get("CPU", 0) for n in nodes)
+    total_gpu = sum(n.get("GPU", 0) for n in nodes)
+    fits_one_node = any(
+        n.get("CPU", 0) >= cpus_per_worker and n.get("GPU", 0) >= gpus_per_worker for n in nodes
+    )
+    problems = []
+    if use_gpu and num_workers * gpus_per_worker > total_gpu:
+        problems.append(
+            f"NUM_WORKERS={num_workers} with USE_GPU=True needs {num_workers * gpus_per_worker:g} GPUs, "
+            f"but this Ray cluster has {total_gpu:g}"
+        )
+    if num_workers * cpus_per_worker > total_cpu:
+        problems.append(
+            f"NUM_WORKERS={num_workers} needs {num_workers * cpus_per_worker:g} CPUs, "
+            f"but this Ray cluster has {total_cpu:g}"
+        )
+    if not problems and not fits_one_node:
+        problems.append(
+            f"no single node has {cpus_per_worker:g} CPU and {gpus_per_worker:g} GPU free for one worker"
+        )
+    if not problems:
+        return
+    message = (
+        "; ".join(problems)
+        + ". trainer.fit() would wait forever. Lower NUM_WORKERS, set USE_GPU=False, or run the "
+        "small version with SMOKE_TEST=True (papermill: -p SMOKE_TEST True)."
+    )
+    if _autoscaling():
+        warnings.warn(message + " (LLM_NOTEBOOKS_AUTOSCALING=1: waiting for the autoscaler.)", stacklevel=2)
+        return
+    raise ResourceRequestError(message)

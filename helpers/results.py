@@ -1,0 +1,49 @@
+"""The JSON a notebook writes at its end when `RESULTS_PATH` is set; `make run` and the tests read it.
+
+Used by the last cell of every notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+__all__ = ["REQUIRED_KEYS", "Stopwatch", "write_results"]
+
+REQUIRED_KEYS = ("notebook", "smoke_test", "wall_seconds", "losses", "checkpoint_path")
+
+
+class Stopwatch:
+    """Wall-clock seconds since creation (the notebook's first cell after the parameters)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.start, 2)
+
+
+def write_results(path: str, **results) -> dict | None:
+    """Write `results` as JSON to `path` (nothing when `path` is empty); return what was written.
+
+    Checks the keys every notebook promises (`REQUIRED_KEYS`), that the losses are finite
+    numbers and that `checkpoint_path` is an existing folder, so a broken run cannot write a
+    results file that looks fine.
+    """
+    if not path:
+        return None
+    missing = [k for k in REQUIRED_KEYS if k not in results]
+    if missing:
+        raise KeyError(f"results are missing {missing}")
+    losses = [float(x) for x in results["losses"]]
+    if not losses or not all(math.isfinite(x) for x in losses):
+        raise ValueError(f"losses must be a non-empty list of finite numbers, got {losses[:5]}...")
+    if not Path(results["checkpoint_path"]).is_dir():
+        raise FileNotFoundError(f"checkpoint_path {results['checkpoint_path']!r} is not a folder")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2, default=float)
+    return results

@@ -1,0 +1,100 @@
+"""Parameter checks for the first cells of each notebook: fail at once, naming the parameter.
+
+Every check raises `ParameterError` (a `ValueError`) with the parameter's name, the value
+given and what is allowed, instead of letting a bad value surface minutes later as a
+shape error inside a Ray worker.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = [
+    "ParameterError",
+    "check_int",
+    "check_positive",
+    "check_choice",
+    "check_max_positions",
+    "model_max_positions",
+    "check_source_available",
+]
+
+
+class ParameterError(ValueError):
+    """A notebook parameter has a value the notebook cannot run with."""
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """`value` must be an int (not a bool) within [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParameterError(f"{name}={value!r}: must be an integer.")
+    if minimum is not None and value < minimum:
+        raise ParameterError(f"{name}={value!r}: must be at least {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ParameterError(f"{name}={value!r}: must be at most {maximum}.")
+    return value
+
+
+def check_positive(name: str, value: Any) -> float:
+    """`value` must be a number greater than 0 (learning rates, epsilons)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ParameterError(f"{name}={value!r}: must be a number greater than 0.")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """`value` must be one of `choices`."""
+    choices = list(choices)
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ParameterError(f"{name}={value!r}: must be one of {allowed}.")
+    return value
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "0") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def check_source_available(name: str, value: str, kind: str) -> str:
+    """A model or dataset (`kind` "model" / "dataset") must be a local folder, or reachable.
+
+    Offline (`HF_HUB_OFFLINE=1`), a Hub id must already be in the local Hugging Face cache;
+    otherwise it could never load, and the error would come from deep inside a worker.
+    """
+    if Path(value).expanduser().is_dir():
+        return value
+    if not _offline():
+        return value  # online: the Hub answers for itself when the notebook loads it
+    from huggingface_hub import constants
+
+    cache = Path(constants.HF_HUB_CACHE) / f"{kind}s--{value.replace('/', '--')}"
+    if cache.is_dir():
+        return value
+    raise ParameterError(
+        f"{name}={value!r}: no such local folder, and the Hugging Face Hub is offline "
+        f"(HF_HUB_OFFLINE=1) with no cached copy of this {kind}. Pass a local folder, "
+        "go online, or run the small version with SMOKE_TEST=True."
+    )
+
+
+def model_max_positions(model_name: str) -> int | None:
+    """The longest sequence the model's position embeddings allow (None if it has no limit)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_name)
+    for key in ("n_positions", "max_position_embeddings"):
+        if getattr(config, key, None):
+            return int(getattr(config, key))
+    return None
+
+
+def check_max_positions(name: str, value: int, model_name: str) -> int:
+    """A sequence length must fit the model's position embeddings."""
+    limit = model_max_positions(model_name)
+    if limit is not None and value > limit:
+        raise ParameterError(
+            f"{name}={value}: the model {model_name!r} has {limit} positions; use {name} <= {limit}."
+        )
+    return value
