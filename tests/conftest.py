@@ -1,0 +1,100 @@
+"""Test harness: offline by construction, and notebook runners that return what a run wrote.
+
+Offline, three ways: Hugging Face / Ray offline variables; a socket guard (ci/offline) that
+every Python process started from here loads at start-up and that records any attempt to
+reach a non-loopback address (a test fails if the record is not empty); and `make test`
+runs the suite in a network namespace with only loopback, where no connection can succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+ARTIFACTS = ROOT / "test-artifacts"
+ARTIFACTS.mkdir(exist_ok=True)
+GUARD_LOG = ARTIFACTS / "offline-guard.log"
+GUARD_LOG.write_text("")
+
+os.environ.update(
+    HF_HUB_OFFLINE="1",
+    HF_DATASETS_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
+    HF_HUB_DISABLE_TELEMETRY="1",
+    DO_NOT_TRACK="1",
+    RAY_USAGE_STATS_ENABLED="0",
+    MPLBACKEND="Agg",
+    LLM_NOTEBOOKS_OFFLINE_GUARD=str(GUARD_LOG),
+    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "ci" / "offline"), os.environ.get("PYTHONPATH")])),
+)
+os.environ.setdefault("LLM_NOTEBOOKS_CACHE", str(ROOT / ".cache" / "test"))
+os.environ.pop("RAY_ADDRESS", None)  # always a local, private Ray
+os.environ.pop("SMOKE_TEST", None)  # each test says which mode it runs
+
+sys.path.insert(0, str(ROOT / "ci" / "offline"))
+from llm_notebooks_offline_guard import install  # noqa: E402
+
+install(str(GUARD_LOG))
+
+
+@pytest.fixture(autouse=True)
+def no_outbound_connections():
+    """Fail the test during which any process tried to reach a non-loopback address."""
+    before = GUARD_LOG.stat().st_size
+    yield
+    with open(GUARD_LOG, encoding="utf-8") as f:
+        f.seek(before)
+        attempts = f.read()
+    assert not attempts, f"outbound connection attempted (offline guard log):\n{attempts[:3000]}"
+
+
+def execute(name: str, parameters: dict, tag: str, timeout: int = 600) -> tuple[dict | None, float, Exception | None]:
+    """Run notebooks/<name>.ipynb with papermill; return (results JSON, wall seconds, error)."""
+    import papermill
+
+    out_dir = ARTIFACTS / "notebooks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / f"{name}-{tag}.json"
+    results_path.unlink(missing_ok=True)
+    start = time.perf_counter()
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(NOTEBOOKS / f"{name}.ipynb"),
+            str(out_dir / f"{name}-{tag}.ipynb"),
+            parameters={"RESULTS_PATH": str(results_path), **parameters},
+            kernel_name="python3",
+            cwd=str(NOTEBOOKS),
+            execution_timeout=timeout,
+            progress_bar=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - returned to the test, which asserts on it
+        error = exc
+    wall = time.perf_counter() - start
+    results = json.loads(results_path.read_text()) if results_path.exists() else None
+    return results, wall, error
+
+
+def run_nbval(name: str, env: dict, timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:
+    """Validate notebooks/<name>.ipynb cell by cell with nbval (lax: no stored outputs to compare)."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
+         f"--nbval-cell-timeout={timeout}", "--rootdir", str(NOTEBOOKS), str(NOTEBOOKS / f"{name}.ipynb")],
+        env={**os.environ, **env},
+        cwd=str(NOTEBOOKS),
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+    )
+    (ARTIFACTS / "notebooks").mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "notebooks" / f"{name}-nbval.log").write_text(proc.stdout + proc.stderr)
+    return proc, time.perf_counter() - start

@@ -1,0 +1,50 @@
+"""Invalid parameters fail in the first cells, fast, naming the parameter and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import execute
+
+import helpers
+
+
+def _tiny_gpt2():
+    return helpers.tiny_model("gpt2")
+
+
+# (parameters, expected exception name, words the message must contain)
+CASES = {
+    "zero_stage_4": ({"SMOKE_TEST": True, "ZERO_STAGE": 4}, "ParameterError", ["ZERO_STAGE=4", "0, 1, 2, 3"]),
+    "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
+    "batch_size_0": ({"SMOKE_TEST": True, "BATCH_SIZE": 0}, "ParameterError", ["BATCH_SIZE=0", "at least 1"]),
+    "fp16_on_cpu": ({"SMOKE_TEST": True, "PRECISION": "fp16"}, "ParameterError", ["PRECISION='fp16'", "USE_GPU"]),
+    "seq_length_too_long": (
+        {"SEQ_LENGTH": 4096, "MODEL_NAME": _tiny_gpt2, "USE_GPU": False},
+        "ParameterError",
+        ["SEQ_LENGTH=4096", "128 positions"],
+    ),
+    "unknown_dataset_offline": (
+        {"DATASET_NAME": "no-such-org/no-such-dataset", "MODEL_NAME": _tiny_gpt2, "SEQ_LENGTH": 64, "USE_GPU": False},
+        "ParameterError",
+        ["DATASET_NAME='no-such-org/no-such-dataset'", "offline"],
+    ),
+    "gpus_that_do_not_exist": (
+        {"NUM_WORKERS": 16, "USE_GPU": True, "MODEL_NAME": _tiny_gpt2, "SEQ_LENGTH": 64,
+         "DATASET_NAME": helpers.ag_news_fixture},
+        "ResourceRequestError",
+        ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "SMOKE_TEST"],
+    ),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(CASES))
+def test_gpt2_deepspeed_rejects(case):
+    params, ename, words = CASES[case]
+    params = {k: v() if callable(v) else v for k, v in params.items()}
+    results, wall, error = execute("gpt2_deepspeed", params, tag=f"bad-{case}")
+    assert error is not None and results is None
+    assert getattr(error, "ename", None) == ename, error
+    for word in words:
+        assert word in error.evalue, (word, error.evalue)
+    assert wall < 60, f"took {wall:.0f} s to reject"

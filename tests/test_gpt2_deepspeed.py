@@ -1,0 +1,79 @@
+"""GPT-2 + DeepSpeed notebook, in smoke mode: real ZeRO on 2 CPU workers, checked by its numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import execute, run_nbval
+
+NAME = "gpt2_deepspeed"
+# First three step losses of the default smoke run (ZeRO-3, bf16, seed 42), measured on the
+# 2-core CPU machine; the mean over both workers of each global batch.
+PINNED_FIRST_LOSSES = [6.2499, 6.1179, 5.9670]
+
+
+@pytest.fixture(scope="module")
+def stage3_run(tmp_path_factory):
+    """The notebook as a learner runs it (SMOKE_TEST=1 in the environment), validated by nbval."""
+    results = tmp_path_factory.mktemp("nbval") / "results.json"
+    proc, wall = run_nbval(NAME, {"SMOKE_TEST": "1", "RESULTS_PATH": str(results)})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    import json
+
+    return json.loads(results.read_text()), wall
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(400)
+def test_stage3_learns_and_matches_pinned_losses(stage3_run):
+    results, wall = stage3_run
+    losses = results["losses"]
+    assert results["notebook"] == NAME and results["smoke_test"] is True and results["zero_stage"] == 3
+    assert len(losses) == 24  # 2 epochs x 12 tutorial steps
+    assert losses[:3] == pytest.approx(PINNED_FIRST_LOSSES, abs=0.02)
+    assert losses[-1] < losses[0] - 1.0, f"loss did not decrease: {losses[0]:.3f} -> {losses[-1]:.3f}"
+    print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
+
+
+@pytest.mark.notebook
+def test_stage3_partitions_parameters(stage3_run):
+    results, _ = stage3_run
+    # ZeRO-3 partitions the parameters: each of 2 workers holds half (1.0 would be plain DDP).
+    assert results["partition_fraction"] == pytest.approx([0.5, 0.5], abs=0.02)
+
+
+@pytest.mark.notebook
+def test_checkpoint_has_a_shard_per_worker(stage3_run):
+    results, _ = stage3_run
+    ckpt = Path(results["checkpoint_path"])
+    shards = sorted(p.name for p in ckpt.rglob("*optim_states.pt"))
+    assert len(shards) == 2 and "rank_0" in shards[0] and "rank_1" in shards[1], shards
+    assert (ckpt / "checkpoint" / "epoch.txt").read_text() == "1"
+
+
+@pytest.mark.notebook
+def test_resume_continues_where_it_stopped(stage3_run):
+    results, _ = stage3_run
+    losses, resumed = results["losses"], results["resumed_losses"]
+    assert results["resumed_start_epoch"] == 2  # epochs 0 and 1 were done: start at the next one
+    assert len(resumed) == 12
+    # The restored model starts near its last loss, far from the random-init loss.
+    assert abs(resumed[0] - losses[-1]) < 0.3, (resumed[0], losses[-1])
+    assert abs(resumed[0] - losses[-1]) < 0.25 * abs(resumed[0] - losses[0])
+    assert resumed[-1] < resumed[0]
+    assert Path(results["resumed_checkpoint_path"]).is_dir()
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stages_1_and_2_partition_optimizer_state(stage):
+    results, wall, error = execute(NAME, {"SMOKE_TEST": True, "ZERO_STAGE": stage}, tag=f"zero{stage}")
+    assert error is None, error
+    assert results["zero_stage"] == stage
+    # Stages 1-2 partition the fp32 master weights and the optimizer states over them.
+    assert results["partition_fraction"] == pytest.approx([0.5, 0.5], abs=0.02)
+    assert results["losses"][-1] < results["losses"][0] - 1.0
+    assert results["resumed_start_epoch"] == 2
+    print(f"ZeRO-{stage}: {wall:.0f} s")

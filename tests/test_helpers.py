@@ -1,0 +1,225 @@
+"""Unit tests for `helpers`: tiny models, fixtures, checks, resources, results, log filter, offline guard."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+from helpers import cluster
+
+
+# ---- tiny models: what each tokenizer really produces --------------------------------------
+
+SAMPLES = {
+    "gpt2": "The home team won the cup final in extra time.",
+    "gpt_neox": "MENENIUS:\nGood friends, we must hear the senate for Rome.",
+    "llama": "<|prompter|> How do I sort a list of numbers? <|endoftext|>",
+    "distilbert": "The home team won the cup final in extra time.",
+}
+
+
+@pytest.mark.parametrize("arch", sorted(helpers.TINY_ARCHS))
+def test_tiny_model_loads_like_a_hub_id(arch):
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = helpers.tiny_model(arch)
+    assert helpers.tiny_model(arch) == path  # cached, built once
+    config = AutoConfig.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert config.vocab_size == len(tokenizer)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        token_id = getattr(config, key, None)
+        if token_id is not None:
+            assert 0 <= token_id < len(tokenizer), (key, token_id)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama"])
+def test_causal_tokenizers_round_trip_without_unknowns(arch):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_model(arch))
+    ids = tokenizer(SAMPLES[arch])["input_ids"]
+    assert tokenizer.unk_token_id not in ids or tokenizer.unk_token == tokenizer.eos_token
+    assert tokenizer.decode(ids) == SAMPLES[arch]
+    assert len(ids) < len(SAMPLES[arch])  # merges were learned: fewer tokens than characters
+
+
+def test_distilbert_tokenizer_adds_cls_sep_and_knows_the_words():
+    # The trap in ../shared/FINDINGS.md: a reloaded vocabulary that maps every word to [UNK].
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_model("distilbert"))
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer(SAMPLES["distilbert"])["input_ids"])
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
+    assert "[UNK]" not in tokens
+    assert tokens[1:5] == ["the", "home", "team", "won"]
+    pair = tokenizer("first one", "second one")
+    assert pair["input_ids"].count(tokenizer.sep_token_id) == 2
+
+
+def test_tiny_gpt2_is_a_real_gpt2_and_starts_near_uniform():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = helpers.tiny_model("gpt2")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert type(model).__name__ == "GPT2LMHeadModel"
+    batch = tokenizer([SAMPLES["gpt2"]], return_tensors="pt")
+    with torch.no_grad():
+        loss = model(**batch, labels=batch["input_ids"]).loss.item()
+    assert abs(loss - math.log(len(tokenizer))) < 0.5  # random weights: about ln(vocab)
+
+
+# ---- fixtures: shaped like the real datasets ------------------------------------------------
+
+
+def test_ag_news_fixture_has_real_columns_and_labels():
+    from datasets import load_dataset
+
+    ds = load_dataset(helpers.ag_news_fixture())
+    assert set(ds) == {"train", "test"}
+    assert ds["train"].column_names == ["text", "label"]
+    assert ds["train"].features["label"].names == ["World", "Sports", "Business", "Sci/Tech"]
+    assert len(set(ds["train"]["label"])) == 4
+    assert len(ds["train"]) == 2000 and len(ds["test"]) == 200
+
+
+def test_play_script_and_chat_fixtures():
+    from datasets import load_dataset
+
+    play = load_dataset(helpers.play_script_fixture())
+    assert set(play) == {"train", "validation", "test"} and play["train"].num_rows == 1
+    text = play["train"][0]["text"]
+    assert text.splitlines()[0].endswith(":") and "\n\n" in text
+    chat = load_dataset(helpers.chat_fixture())
+    row = chat["train"][0]["content"]
+    assert row.startswith("<|system|>") and "<|prompter|>" in row and "<|assistant|>" in row
+
+
+# ---- parameter checks ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: helpers.check_int("NUM_WORKERS", 0, minimum=1), ["NUM_WORKERS=0", "at least 1"]),
+        (lambda: helpers.check_int("BATCH_SIZE", 2.5, minimum=1), ["BATCH_SIZE=2.5", "integer"]),
+        (lambda: helpers.check_int("NUM_WORKERS", True, minimum=1), ["NUM_WORKERS=True", "integer"]),
+        (lambda: helpers.check_choice("ZERO_STAGE", 4, [0, 1, 2, 3]), ["ZERO_STAGE=4", "0, 1, 2, 3"]),
+        (lambda: helpers.check_positive("LEARNING_RATE", 0), ["LEARNING_RATE=0", "greater than 0"]),
+        (lambda: helpers.check_max_positions("SEQ_LENGTH", 129, helpers.tiny_model("gpt2")), ["SEQ_LENGTH=129", "<= 128"]),
+        (lambda: helpers.check_source_available("MODEL_NAME", "no/such-model", "model"), ["MODEL_NAME='no/such-model'", "offline"]),
+    ],
+)
+def test_checks_name_the_parameter(call, words):
+    with pytest.raises(helpers.ParameterError) as info:
+        call()
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_checks_accept_good_values():
+    assert helpers.check_int("NUM_WORKERS", 2, minimum=1) == 2
+    assert helpers.check_max_positions("SEQ_LENGTH", 128, helpers.tiny_model("gpt2")) == 128
+    assert helpers.check_source_available("DATASET_NAME", helpers.ag_news_fixture(), "dataset")
+
+
+# ---- resources: fail fast instead of waiting forever ----------------------------------------
+
+
+def _fake_cluster(monkeypatch, nodes):
+    import ray
+
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": n} for n in nodes])
+
+
+def test_gpu_request_on_a_cpu_cluster_fails_fast(monkeypatch):
+    _fake_cluster(monkeypatch, [{"CPU": 4.0}])
+    monkeypatch.delenv("LLM_NOTEBOOKS_AUTOSCALING", raising=False)
+    with pytest.raises(helpers.ResourceRequestError) as info:
+        helpers.check_resources(16, use_gpu=True)
+    message = str(info.value)
+    for word in ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "has 0", "SMOKE_TEST=True"]:
+        assert word in message
+
+
+def test_too_many_cpu_workers_fail_and_fitting_requests_pass(monkeypatch):
+    _fake_cluster(monkeypatch, [{"CPU": 4.0}, {"CPU": 8.0, "GPU": 2.0}])
+    with pytest.raises(helpers.ResourceRequestError, match="NUM_WORKERS=13 needs 13 CPUs"):
+        helpers.check_resources(13, use_gpu=False)
+    helpers.check_resources(12, use_gpu=False)
+    helpers.check_resources(2, use_gpu=True)
+
+
+def test_autoscaling_cluster_only_warns(monkeypatch):
+    _fake_cluster(monkeypatch, [{"CPU": 4.0}])
+    monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
+    with pytest.warns(UserWarning, match="autoscaler"):
+        helpers.check_resources(16, use_gpu=True)
+
+
+def test_log_noise_patterns_drop_noise_and_keep_progress():
+    noise = [
+        "Failed to query Ray Train Controller actor state. State API may be temporarily unavailable.",
+        "Reporting training result 3: TrainingReport(checkpoint=...)",
+        "[transformers] `loss_type=None` was set in the config but it is unrecognized.",
+    ]
+    keep = ["epoch 0 step 1/12 loss 6.2499", "Setting up process group for: env:// [rank=0, world_size=2]"]
+    assert all(any(p.search(line) for p in cluster.LOG_NOISE) for line in noise)
+    assert not any(p.search(line) for p in cluster.LOG_NOISE for line in keep)
+
+
+# ---- results files ---------------------------------------------------------------------------
+
+
+def test_write_results_requires_the_promised_keys(tmp_path):
+    path = tmp_path / "r.json"
+    good = dict(notebook="x", smoke_test=True, wall_seconds=1.0, losses=[2.0, 1.0], checkpoint_path=str(tmp_path))
+    assert helpers.write_results("", **good) is None and not path.exists()
+    helpers.write_results(str(path), **good, extra=[0.5])
+    assert json.loads(path.read_text())["extra"] == [0.5]
+    with pytest.raises(KeyError):
+        helpers.write_results(str(path), **{k: v for k, v in good.items() if k != "losses"})
+    with pytest.raises(ValueError):
+        helpers.write_results(str(path), **{**good, "losses": [1.0, float("nan")]})
+    with pytest.raises(FileNotFoundError):
+        helpers.write_results(str(path), **{**good, "checkpoint_path": str(tmp_path / "missing")})
+
+
+def test_plot_losses_draws_a_curve_per_run():
+    fig = helpers.plot_losses({"a": [3.0, 2.0], "b": [1.5]}, "t", start={"b": 2})
+    lines = fig.axes[0].get_lines()
+    assert [list(line.get_xdata()) for line in lines] == [[0, 1], [2]]
+
+
+# ---- offline guard ---------------------------------------------------------------------------
+
+
+def test_offline_guard_is_installed_here_and_in_child_processes():
+    from llm_notebooks_offline_guard import installed, is_allowed
+
+    assert installed()
+    assert is_allowed(socket.AF_INET, ("127.0.0.1", 80)) and is_allowed(socket.AF_INET6, ("::1", 80, 0, 0))
+    assert not is_allowed(socket.AF_INET, ("8.8.8.8", 443))
+    assert not is_allowed(socket.AF_INET, ("huggingface.co", 443))
+    assert is_allowed(socket.AF_UNIX, "/tmp/sock")
+    # Kernels and Ray workers are child processes: they load the guard through sitecustomize.
+    code = "import socket, llm_notebooks_offline_guard as g; print(g.installed())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
+
+
+def test_offline_guard_allows_loopback_traffic():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname(), timeout=5)
+    client.close()
+    server.close()
