@@ -56,8 +56,13 @@ def main() -> int:
         if status == "ok" and not results:
             status, error = "failed", "no results file written"
         rows.append(
-            {"notebook": name, "status": status, "wall_seconds": round(wall, 1),
-             "final": final_number(results) if results else "-", "error": error}
+            {
+                "notebook": name,
+                "status": status,
+                "wall_seconds": round(wall, 1),
+                "final": final_number(results) if results else "-",
+                "error": error,
+            }
         )
         print(f"   {status} in {wall:.0f} s  {rows[-1]['final']}  {error}", flush=True)
 

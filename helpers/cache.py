@@ -9,8 +9,8 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from filelock import FileLock
 

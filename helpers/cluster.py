@@ -52,7 +52,9 @@ def _filter_worker_logs() -> None:
     if dispatcher is None or printer is None:
         return
 
-    def handler(data, ignore_prefix=ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)):
+    ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
+
+    def handler(data):
         lines = [ln for ln in data.get("lines", []) if not any(p.search(ln) for p in LOG_NOISE)]
         if lines:
             printer({**data, "lines": lines}, ignore_prefix=ignore_prefix)

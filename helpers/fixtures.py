@@ -25,7 +25,13 @@ _TOPICS = {
     "World": (
         ["The prime minister", "Rebel leaders", "The foreign office", "Peace envoys", "The parliament"],
         ["signed", "rejected", "debated", "announced", "postponed"],
-        ["a ceasefire deal", "new border talks", "the election results", "a trade embargo", "the peace treaty"],
+        [
+            "a ceasefire deal",
+            "new border talks",
+            "the election results",
+            "a trade embargo",
+            "the peace treaty",
+        ],
         ["in the capital", "after weeks of unrest", "at the summit", "amid protests", "before the vote"],
     ),
     "Sports": (
@@ -38,13 +44,31 @@ _TOPICS = {
         ["Shares of the bank", "The retail chain", "Oil prices", "The central bank", "Investors"],
         ["rose", "fell", "reported", "forecast", "cut"],
         ["quarterly profits", "interest rates", "its annual revenue", "thousands of jobs", "the merger bid"],
-        ["on Wall Street", "after the earnings call", "in early trading", "despite weak demand", "this quarter"],
+        [
+            "on Wall Street",
+            "after the earnings call",
+            "in early trading",
+            "despite weak demand",
+            "this quarter",
+        ],
     ),
     "Sci/Tech": (
         ["Researchers", "The software maker", "Astronomers", "The chip designer", "A startup"],
         ["released", "discovered", "launched", "patched", "unveiled"],
-        ["a faster processor", "a new exoplanet", "the open source browser", "a security flaw", "a robot arm"],
-        ["in a new paper", "at the developer conference", "using the telescope", "for mobile phones", "online"],
+        [
+            "a faster processor",
+            "a new exoplanet",
+            "the open source browser",
+            "a security flaw",
+            "a robot arm",
+        ],
+        [
+            "in a new paper",
+            "at the developer conference",
+            "using the telescope",
+            "for mobile phones",
+            "online",
+        ],
     ),
 }
 
@@ -77,8 +101,7 @@ def ag_news_fixture(num_train: int = 2000, num_test: int = 200) -> str:
         for split, n in (("train", num_train), ("test", num_test)):
             labels = [rng.randrange(len(AG_NEWS_LABELS)) for _ in range(n)]
             texts = [
-                _headline(rng, AG_NEWS_LABELS[y]) + " " + _headline(rng, AG_NEWS_LABELS[y])
-                for y in labels
+                _headline(rng, AG_NEWS_LABELS[y]) + " " + _headline(rng, AG_NEWS_LABELS[y]) for y in labels
             ]
             _write_parquet({"text": texts, "label": labels}, tmp / f"{split}.parquet", features)
 

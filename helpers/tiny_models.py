@@ -9,9 +9,9 @@ trained in about a second on the fixture text of the notebook that uses it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .cache import build_once
 from .fixtures import ag_news_fixture, chat_fixture, play_script_fixture
@@ -63,16 +63,27 @@ TINY_ARCHS: dict[str, _Spec] = {
     # GPT-NeoX (dolly_lightning_fsdp): dolly-v2 is a Pythia / GPT-NeoX model.
     "gpt_neox": _Spec(
         "GPTNeoXConfig",
-        dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256,
-             max_position_embeddings=256),
+        dict(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=256,
+            max_position_embeddings=256,
+        ),
         _play_corpus,
         {"bos_token": _EOT, "eos_token": _EOT, "unk_token": _EOT},
     ),
     # Llama (llama_fsdp): Llama 2's <unk>, <s>, </s>.
     "llama": _Spec(
         "LlamaConfig",
-        dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
-             intermediate_size=176, max_position_embeddings=512),
+        dict(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=176,
+            max_position_embeddings=512,
+        ),
         _chat_corpus,
         {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
     ),
@@ -81,8 +92,13 @@ TINY_ARCHS: dict[str, _Spec] = {
         "DistilBertConfig",
         dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128, max_position_embeddings=128),
         _ag_news_corpus,
-        {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-         "mask_token": "[MASK]"},
+        {
+            "pad_token": "[PAD]",
+            "unk_token": "[UNK]",
+            "cls_token": "[CLS]",
+            "sep_token": "[SEP]",
+            "mask_token": "[MASK]",
+        },
         encoder=True,
     ),
 }
@@ -134,9 +150,14 @@ def tiny_model(arch: str, **overrides) -> str:
             config_kwargs[k] for k in ("n_positions", "max_position_embeddings") if k in config_kwargs
         )
         tokenizer = _train_tokenizer(spec, max_length)
-        ids = {f"{role}_id": tokenizer.convert_tokens_to_ids(tok) for role, tok in spec.special_tokens.items()}
-        config = config_class(vocab_size=len(tokenizer), **{k: v for k, v in ids.items() if k != "unk_token_id"},
-                              **config_kwargs)
+        ids = {
+            f"{role}_id": tokenizer.convert_tokens_to_ids(tok) for role, tok in spec.special_tokens.items()
+        }
+        config = config_class(
+            vocab_size=len(tokenizer),
+            **{k: v for k, v in ids.items() if k != "unk_token_id"},
+            **config_kwargs,
+        )
         torch.manual_seed(0)
         if spec.encoder:
             config.num_labels = 2

@@ -8,8 +8,9 @@ shape error inside a Ray worker.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = [
     "ParameterError",

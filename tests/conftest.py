@@ -40,9 +40,17 @@ os.environ.pop("RAY_ADDRESS", None)  # always a local, private Ray
 os.environ.pop("SMOKE_TEST", None)  # each test says which mode it runs
 
 sys.path.insert(0, str(ROOT / "ci" / "offline"))
-from llm_notebooks_offline_guard import install  # noqa: E402
+from llm_notebooks_offline_guard import install, start_tripwire_proxy  # noqa: E402
 
 install(str(GUARD_LOG))
+# HTTP clients that honour proxy variables send every request to a loopback tripwire that
+# refuses it and records its target (see ci/offline); Ray's dashboard probes cloud metadata
+# services at start-up, and this keeps those probes on the machine too.
+_proxy = f"http://127.0.0.1:{start_tripwire_proxy(str(GUARD_LOG))}"
+for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+    os.environ[var] = _proxy
+for var in ("NO_PROXY", "no_proxy"):
+    os.environ[var] = "localhost,127.0.0.1,::1"
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +64,9 @@ def no_outbound_connections():
     assert not attempts, f"outbound connection attempted (offline guard log):\n{attempts[:3000]}"
 
 
-def execute(name: str, parameters: dict, tag: str, timeout: int = 600) -> tuple[dict | None, float, Exception | None]:
+def execute(
+    name: str, parameters: dict, tag: str, timeout: int = 600
+) -> tuple[dict | None, float, Exception | None]:
     """Run notebooks/<name>.ipynb with papermill; return (results JSON, wall seconds, error)."""
     import papermill
 
@@ -87,8 +97,19 @@ def run_nbval(name: str, env: dict, timeout: int = 600) -> tuple[subprocess.Comp
     """Validate notebooks/<name>.ipynb cell by cell with nbval (lax: no stored outputs to compare)."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
-         f"--nbval-cell-timeout={timeout}", "--rootdir", str(NOTEBOOKS), str(NOTEBOOKS / f"{name}.ipynb")],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval-lax",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--nbval-cell-timeout={timeout}",
+            "--rootdir",
+            str(NOTEBOOKS),
+            str(NOTEBOOKS / f"{name}.ipynb"),
+        ],
         env={**os.environ, **env},
         cwd=str(NOTEBOOKS),
         capture_output=True,

@@ -17,20 +17,34 @@ CASES = {
     "zero_stage_4": ({"SMOKE_TEST": True, "ZERO_STAGE": 4}, "ParameterError", ["ZERO_STAGE=4", "0, 1, 2, 3"]),
     "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
     "batch_size_0": ({"SMOKE_TEST": True, "BATCH_SIZE": 0}, "ParameterError", ["BATCH_SIZE=0", "at least 1"]),
-    "fp16_on_cpu": ({"SMOKE_TEST": True, "PRECISION": "fp16"}, "ParameterError", ["PRECISION='fp16'", "USE_GPU"]),
+    "fp16_on_cpu": (
+        {"SMOKE_TEST": True, "PRECISION": "fp16"},
+        "ParameterError",
+        ["PRECISION='fp16'", "USE_GPU"],
+    ),
     "seq_length_too_long": (
         {"SEQ_LENGTH": 4096, "MODEL_NAME": _tiny_gpt2, "USE_GPU": False},
         "ParameterError",
         ["SEQ_LENGTH=4096", "128 positions"],
     ),
     "unknown_dataset_offline": (
-        {"DATASET_NAME": "no-such-org/no-such-dataset", "MODEL_NAME": _tiny_gpt2, "SEQ_LENGTH": 64, "USE_GPU": False},
+        {
+            "DATASET_NAME": "no-such-org/no-such-dataset",
+            "MODEL_NAME": _tiny_gpt2,
+            "SEQ_LENGTH": 64,
+            "USE_GPU": False,
+        },
         "ParameterError",
         ["DATASET_NAME='no-such-org/no-such-dataset'", "offline"],
     ),
     "gpus_that_do_not_exist": (
-        {"NUM_WORKERS": 16, "USE_GPU": True, "MODEL_NAME": _tiny_gpt2, "SEQ_LENGTH": 64,
-         "DATASET_NAME": helpers.ag_news_fixture},
+        {
+            "NUM_WORKERS": 16,
+            "USE_GPU": True,
+            "MODEL_NAME": _tiny_gpt2,
+            "SEQ_LENGTH": 64,
+            "DATASET_NAME": helpers.ag_news_fixture,
+        },
         "ResourceRequestError",
         ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "SMOKE_TEST"],
     ),

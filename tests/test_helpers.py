@@ -13,7 +13,6 @@ import pytest
 import helpers
 from helpers import cluster
 
-
 # ---- tiny models: what each tokenizer really produces --------------------------------------
 
 SAMPLES = {
@@ -114,8 +113,14 @@ def test_play_script_and_chat_fixtures():
         (lambda: helpers.check_int("NUM_WORKERS", True, minimum=1), ["NUM_WORKERS=True", "integer"]),
         (lambda: helpers.check_choice("ZERO_STAGE", 4, [0, 1, 2, 3]), ["ZERO_STAGE=4", "0, 1, 2, 3"]),
         (lambda: helpers.check_positive("LEARNING_RATE", 0), ["LEARNING_RATE=0", "greater than 0"]),
-        (lambda: helpers.check_max_positions("SEQ_LENGTH", 129, helpers.tiny_model("gpt2")), ["SEQ_LENGTH=129", "<= 128"]),
-        (lambda: helpers.check_source_available("MODEL_NAME", "no/such-model", "model"), ["MODEL_NAME='no/such-model'", "offline"]),
+        (
+            lambda: helpers.check_max_positions("SEQ_LENGTH", 129, helpers.tiny_model("gpt2")),
+            ["SEQ_LENGTH=129", "<= 128"],
+        ),
+        (
+            lambda: helpers.check_source_available("MODEL_NAME", "no/such-model", "model"),
+            ["MODEL_NAME='no/such-model'", "offline"],
+        ),
     ],
 )
 def test_checks_name_the_parameter(call, words):
@@ -181,7 +186,9 @@ def test_log_noise_patterns_drop_noise_and_keep_progress():
 
 def test_write_results_requires_the_promised_keys(tmp_path):
     path = tmp_path / "r.json"
-    good = dict(notebook="x", smoke_test=True, wall_seconds=1.0, losses=[2.0, 1.0], checkpoint_path=str(tmp_path))
+    good = dict(
+        notebook="x", smoke_test=True, wall_seconds=1.0, losses=[2.0, 1.0], checkpoint_path=str(tmp_path)
+    )
     assert helpers.write_results("", **good) is None and not path.exists()
     helpers.write_results(str(path), **good, extra=[0.5])
     assert json.loads(path.read_text())["extra"] == [0.5]
@@ -223,3 +230,21 @@ def test_offline_guard_allows_loopback_traffic():
     client = socket.create_connection(server.getsockname(), timeout=5)
     client.close()
     server.close()
+
+
+def test_tripwire_proxy_records_hub_requests_and_answers_403(tmp_path):
+    import requests
+    from llm_notebooks_offline_guard import start_tripwire_proxy
+
+    log = tmp_path / "guard.log"
+    log.write_text("")
+    proxy = f"http://127.0.0.1:{start_tripwire_proxy(str(log))}"
+    proxies = {"http": proxy}
+    # Plain-HTTP requests through the proxy: the tripwire sees the target, nothing leaves loopback.
+    assert (
+        requests.get("http://huggingface.co/api/models/gpt2", proxies=proxies, timeout=5).status_code == 403
+    )
+    assert "huggingface.co" in log.read_text()
+    log.write_text("")
+    assert requests.get("http://169.254.169.254/latest/", proxies=proxies, timeout=5).status_code == 403
+    assert log.read_text() == ""  # Ray's cloud-metadata probe: expected, not a failure

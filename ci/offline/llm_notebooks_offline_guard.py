@@ -62,3 +62,35 @@ def install(log_path: str) -> None:
 
 def installed() -> bool:
     return bool(_ORIGINAL) and socket.socket.connect is not _ORIGINAL["connect"]
+
+
+# ---- tripwire proxy --------------------------------------------------------------------------
+# The tests point HTTP(S)_PROXY at this loopback server, so an HTTP client that honours proxy
+# variables never opens a connection off the machine; the server answers 403 and records the
+# request's target. Ray's dashboard probes cloud metadata services at every start (even with
+# usage stats off); those targets are expected and only listed. Any other target is recorded
+# in the guard log, which fails the test.
+
+CLOUD_METADATA_HOSTS = ("169.254.169.254", "metadata.google.internal")
+
+
+def start_tripwire_proxy(log_path: str) -> int:
+    """Serve the tripwire on 127.0.0.1 in a daemon thread; return its port."""
+    import socketserver
+    import threading
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self):
+            line = self.rfile.readline(4096).decode("latin-1").strip()  # "GET http://host/... HTTP/1.1"
+            parts = line.split()
+            target = parts[1] if len(parts) > 1 else line
+            host = target.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+            if host not in CLOUD_METADATA_HOSTS:
+                with open(log_path, "a", encoding="utf-8") as f:
+                    f.write(f"proxied request {line!r}\n\n")
+            self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1]
