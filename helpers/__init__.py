@@ -7,7 +7,15 @@ notebooks; this package holds only set-up a learner should not have to wade thro
 
 from .cache import cache_dir
 from .cluster import LOG_NOISE, ResourceRequestError, check_resources, start_ray
-from .fixtures import AG_NEWS_LABELS, ag_news_fixture, chat_fixture, play_script_fixture
+from .fixtures import (
+    AG_NEWS_LABELS,
+    GLUE_SCHEMAS,
+    ag_news_fixture,
+    chat_fixture,
+    glue_fixture,
+    play_script_fixture,
+)
+from .metrics import GLUE_METRICS, GlueMetric
 from .plots import plot_losses
 from .results import REQUIRED_KEYS, Stopwatch, write_results
 from .sharding import zero_partition_fraction
@@ -19,11 +27,15 @@ from .validate import (
     check_max_positions,
     check_positive,
     check_source_available,
+    hub_offline,
     model_max_positions,
 )
 
 __all__ = [
     "AG_NEWS_LABELS",
+    "GLUE_METRICS",
+    "GLUE_SCHEMAS",
+    "GlueMetric",
     "LOG_NOISE",
     "REQUIRED_KEYS",
     "TINY_ARCHS",
@@ -33,6 +45,8 @@ __all__ = [
     "ag_news_fixture",
     "cache_dir",
     "chat_fixture",
+    "glue_fixture",
+    "hub_offline",
     "check_choice",
     "check_int",
     "check_max_positions",

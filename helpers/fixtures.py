@@ -7,6 +7,7 @@ loading code is the same at both scales. Every fixture is generated from a fixed
 - `ag_news_fixture`: `ag_news` (`text`, 4-class `label`; `train`/`test`), GPT-2 + DeepSpeed notebook.
 - `play_script_fixture`: `tiny_shakespeare` (one `text` row per split, `SPEAKER:` lines), Dolly notebook.
 - `chat_fixture`: `code-chat-assistant-v1` (`content` in the `<|system|>` chat format), Llama notebook.
+- `glue_fixture`: `nyu-mll/glue` (all nine configs, real columns, label types and splits), GLUE notebook.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from pathlib import Path
 
 from .cache import build_once
 
-__all__ = ["ag_news_fixture", "play_script_fixture", "chat_fixture", "AG_NEWS_LABELS"]
+__all__ = [
+    "ag_news_fixture",
+    "play_script_fixture",
+    "chat_fixture",
+    "glue_fixture",
+    "AG_NEWS_LABELS",
+    "GLUE_SCHEMAS",
+]
 
 AG_NEWS_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
@@ -81,7 +89,13 @@ def _headline(rng: random.Random, topic: str) -> str:
 def _write_parquet(rows: dict, path: Path, features=None) -> None:
     import datasets
 
-    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(path))
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # a bar per file is noise in a notebook's first cells
+    try:
+        datasets.Dataset.from_dict(rows, features=features).to_parquet(str(path))
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
 
 
 def ag_news_fixture(num_train: int = 2000, num_test: int = 200) -> str:
@@ -171,3 +185,128 @@ def chat_fixture(num_train: int = 600, num_test: int = 60) -> str:
             _write_parquet({"content": rows}, tmp / f"{split}.parquet")
 
     return str(build_once(f"fixtures/chat-{num_train}-{num_test}", build))
+
+
+# ---- GLUE: every task, in the layout of the Hub's `nyu-mll/glue` parquet files --------------
+
+# (text columns, label names or "float" for stsb regression); as in the real GLUE configs.
+GLUE_SCHEMAS = {
+    "cola": (["sentence"], ["unacceptable", "acceptable"]),
+    "sst2": (["sentence"], ["negative", "positive"]),
+    "mrpc": (["sentence1", "sentence2"], ["not_equivalent", "equivalent"]),
+    "qqp": (["question1", "question2"], ["not_duplicate", "duplicate"]),
+    "stsb": (["sentence1", "sentence2"], "float"),
+    "mnli": (["premise", "hypothesis"], ["entailment", "neutral", "contradiction"]),
+    "qnli": (["question", "sentence"], ["entailment", "not_entailment"]),
+    "rte": (["sentence1", "sentence2"], ["entailment", "not_entailment"]),
+    "wnli": (["sentence1", "sentence2"], ["not_entailment", "entailment"]),
+}
+
+_GLUE_WORDS = {  # two "genres", like MNLI's matched and mismatched validation sets
+    "news": (
+        ["the minister", "the council", "a reporter", "the mayor", "the union", "the court"],
+        ["reviewed", "approved", "questioned", "described", "published", "opposed"],
+        ["the budget", "the new law", "the report", "the plan", "the contract", "the results"],
+    ),
+    "fiction": (
+        ["the old sailor", "a young witch", "the tired knight", "my cousin", "the stranger", "the child"],
+        ["found", "painted", "lost", "carried", "hid", "followed"],
+        ["the lantern", "a silver key", "the map", "the letter", "a small boat", "the garden gate"],
+    ),
+}
+# Label cues. Real GLUE has artifacts of this kind (negation words predict MNLI contradiction);
+# here they are the whole signal, so a tiny model learns each task in seconds.
+_AGREE = ["indeed", "certainly", "clearly", "truly"]
+_UNSURE = ["perhaps", "maybe", "possibly", "probably"]
+_DENY = ["never", "not once", "hardly", "no longer"]
+_CUES = {
+    "cola": (["runned", "goed", "eated", "swimmed"], ["ran", "went", "ate", "swam"]),
+    "sst2": (["dull", "tedious", "awful", "clumsy"], ["wonderful", "moving", "brilliant", "charming"]),
+    "mnli": (_AGREE, _UNSURE, _DENY),
+}
+
+
+def _glue_label_cues(task: str, names: list[str]) -> tuple[list[str], ...]:
+    if task in _CUES:
+        return _CUES[task]
+    # Binary pair tasks: the positive relation (entailment, equivalent, duplicate) agrees.
+    positive = {"entailment", "equivalent", "duplicate"}
+    return tuple(_AGREE if name in positive else _DENY for name in names)
+
+
+def _glue_rows(task: str, n: int, rng: random.Random, genre: str, labelled: bool) -> dict:
+    columns, names = GLUE_SCHEMAS[task]
+    subjects, verbs, objects = _GLUE_WORDS[genre]
+    rows: dict[str, list] = {c: [] for c in columns} | {"label": [], "idx": []}
+
+    def clause() -> str:
+        return f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}"
+
+    for i in range(n):
+        if names == "float":  # stsb: the score is how many of 4 words echo "similar"
+            k = rng.randint(0, 4)
+            words = rng.sample(_AGREE, k) + rng.sample(_DENY, 4 - k)
+            rng.shuffle(words)
+            texts = [clause() + ".", f"{clause()}, {' '.join(words)}."]
+            label = round(min(5.0, max(0.0, 1.25 * k + rng.uniform(-0.25, 0.25))), 3)
+        else:
+            y = rng.randrange(len(names))
+            cue = rng.choice(_glue_label_cues(task, names)[y])
+            if task == "cola":
+                texts = [f"{rng.choice(subjects).capitalize()} {cue} to {rng.choice(objects)}."]
+            elif task == "sst2":
+                film = rng.choice(["the film", "the plot", "the acting", "the ending", "the score"])
+                texts = [f"{film} was {cue}, and {clause()}."]
+            else:
+                first = clause().capitalize() + "."
+                if columns[0] in ("question", "question1"):
+                    first = f"Is it true that {clause()}?"
+                texts = [first, f"{rng.choice(subjects).capitalize()} {cue} {rng.choice(verbs)} it."]
+            label = y
+        for column, text in zip(columns, texts, strict=True):
+            rows[column].append(text)
+        rows["label"].append(label if labelled else (-1.0 if names == "float" else -1))
+        rows["idx"].append(i)
+    return rows
+
+
+def _glue_features(task: str):
+    import datasets
+
+    columns, names = GLUE_SCHEMAS[task]
+    label = datasets.Value("float32") if names == "float" else datasets.ClassLabel(names=names)
+    return datasets.Features(
+        {c: datasets.Value("string") for c in columns} | {"label": label, "idx": datasets.Value("int32")}
+    )
+
+
+def glue_fixture(num_train: int = 512, num_eval: int = 128, num_test: int = 64) -> str:
+    """A local folder laid out like the Hub's `nyu-mll/glue` (GLUE notebook).
+
+    `<task>/<split>-00000-of-00001.parquet` for the nine GLUE configs, with the real columns
+    (`sentence` or a sentence pair, `label`, `idx`), label types (`ClassLabel` with GLUE's
+    names; `float32` scores for stsb) and splits (`train`, `validation`, `test`; mnli has
+    `validation_matched` / `validation_mismatched` and `test_matched` / `test_mismatched`, the
+    mismatched ones from another "genre" of sentences). Test labels are -1, as in GLUE.
+    """
+
+    def build(tmp: Path) -> None:
+        for seed, task in enumerate(GLUE_SCHEMAS):
+            rng = random.Random(2024 + seed)
+            folder = tmp / task
+            folder.mkdir()
+            splits = [("train", num_train, "news", True)]
+            if task == "mnli":
+                splits += [
+                    ("validation_matched", num_eval, "news", True),
+                    ("validation_mismatched", num_eval, "fiction", True),
+                    ("test_matched", num_test, "news", False),
+                    ("test_mismatched", num_test, "fiction", False),
+                ]
+            else:
+                splits += [("validation", num_eval, "news", True), ("test", num_test, "news", False)]
+            for split, n, genre, labelled in splits:
+                rows = _glue_rows(task, n, rng, genre, labelled)
+                _write_parquet(rows, folder / f"{split}-00000-of-00001.parquet", _glue_features(task))
+
+    return str(build_once(f"fixtures/glue-{num_train}-{num_eval}-{num_test}", build))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cache import build_once
-from .fixtures import ag_news_fixture, chat_fixture, play_script_fixture
+from .fixtures import GLUE_SCHEMAS, ag_news_fixture, chat_fixture, glue_fixture, play_script_fixture
 
 __all__ = ["tiny_model", "TINY_ARCHS"]
 
@@ -38,6 +38,16 @@ def _play_corpus() -> list[str]:
 
 def _chat_corpus() -> list[str]:
     return _parquet_texts(chat_fixture(), "content")
+
+
+def _glue_corpus() -> list[str]:
+    root = Path(glue_fixture())
+    return [
+        text
+        for task, (columns, _) in GLUE_SCHEMAS.items()
+        for column in columns
+        for text in _parquet_texts(str(root / task), column)
+    ]
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,7 @@ TINY_ARCHS: dict[str, _Spec] = {
     "distilbert": _Spec(
         "DistilBertConfig",
         dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128, max_position_embeddings=128),
-        _ag_news_corpus,
+        _glue_corpus,
         {
             "pad_token": "[PAD]",
             "unk_token": "[UNK]",
@@ -167,4 +177,6 @@ def tiny_model(arch: str, **overrides) -> str:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
-    return str(build_once(f"models/tiny-{arch}{'-' + tag if tag else ''}", build))
+    # The corpus is in the name: a tokenizer trained on other text is another checkpoint.
+    name = f"models/tiny-{arch}-{spec.corpus.__name__.strip('_')}{'-' + tag if tag else ''}"
+    return str(build_once(name, build))

@@ -20,6 +20,7 @@ __all__ = [
     "check_max_positions",
     "model_max_positions",
     "check_source_available",
+    "hub_offline",
 ]
 
 
@@ -54,7 +55,8 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     return value
 
 
-def _offline() -> bool:
+def hub_offline() -> bool:
+    """True when the Hugging Face libraries are told to stay offline (`HF_HUB_OFFLINE=1` and friends)."""
     return any(os.environ.get(v, "0") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
@@ -66,7 +68,7 @@ def check_source_available(name: str, value: str, kind: str) -> str:
     """
     if Path(value).expanduser().is_dir():
         return value
-    if not _offline():
+    if not hub_offline():
         return value  # online: the Hub answers for itself when the notebook loads it
     from huggingface_hub import constants
 

@@ -19,7 +19,7 @@ SAMPLES = {
     "gpt2": "The home team won the cup final in extra time.",
     "gpt_neox": "MENENIUS:\nGood friends, we must hear the senate for Rome.",
     "llama": "<|prompter|> How do I sort a list of numbers? <|endoftext|>",
-    "distilbert": "The home team won the cup final in extra time.",
+    "distilbert": "The council approved the budget, indeed.",
 }
 
 
@@ -57,7 +57,7 @@ def test_distilbert_tokenizer_adds_cls_sep_and_knows_the_words():
     tokens = tokenizer.convert_ids_to_tokens(tokenizer(SAMPLES["distilbert"])["input_ids"])
     assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
     assert "[UNK]" not in tokens
-    assert tokens[1:5] == ["the", "home", "team", "won"]
+    assert tokens[1:5] == ["the", "council", "approved", "the"]
     pair = tokenizer("first one", "second one")
     assert pair["input_ids"].count(tokenizer.sep_token_id) == 2
 
