@@ -31,6 +31,14 @@ LOG_NOISE = [
     re.compile(r"`torch.distributed.reduce_scatter_tensor` is deprecated"),  # inside DeepSpeed
     re.compile(r"`loss_type=None` was set in the config but it is unrecognized"),  # transformers 5
     re.compile(r"^\s*return func\(\*args, \*\*kwargs\)\s*$"),  # ... and its source line
+    # Ray Data's per-epoch bookkeeping from the actors that split datasets between workers.
+    re.compile(r"(Starting execution of|Execution plan of) Dataset"),
+    re.compile(r"Dataset \S+ execution finished in"),
+    re.compile(r"A new progress UI is available"),
+    re.compile(r"`ExecutionOptions.exclude_resources` is deprecated"),  # Ray-internal caller
+    re.compile(r"^\s*self.exclude_resources = exclude_resources\s*$"),
+    re.compile(r"PYTHON worker processes have been started on node"),  # raylet, expected on a laptop
+    re.compile(r"Failed to kill actor .* Socket closed"),  # gcs, an actor that already exited
 ]
 
 # Set on every Ray worker: 16 workers' progress bars for the same small load are noise.
@@ -76,6 +84,10 @@ def start_ray(num_cpus: int | None = None, **init_kwargs) -> dict:
     import ray
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # Ray Data logs every dataset execution at INFO (and, outside a terminal, its progress as more
+    # INFO lines): a screenful per `count()`. Warnings and errors still show; so do Jupyter's bars.
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
+    logging.getLogger("ray.data").setLevel(os.environ["RAY_DATA_LOG_LEVEL"])  # if already imported
     # Ray Train v2 tees every worker print() into its logger *and* stdout: each line shows twice.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     if not os.environ.get("RAY_ADDRESS"):
