@@ -3,7 +3,7 @@
 Smoke mode swaps `MODEL_NAME = "gpt2"` (or dolly, Llama, DistilBERT) for the folder returned
 here; everything after that line is the full-scale code. Each checkpoint has the same
 architecture class as the real model (`GPT2LMHeadModel`, `GPTNeoXForCausalLM` with its
-`GPTNeoXLayer`, `LlamaForCausalLM`, `DistilBertForSequenceClassification`) and a tokenizer
+`GPTNeoXLayer`, `LlamaForCausalLM`, `DistilBertForMaskedLM`) and a tokenizer
 trained in about a second on the fixture text of the notebook that uses it.
 """
 
@@ -170,8 +170,10 @@ def tiny_model(arch: str, **overrides) -> str:
         )
         torch.manual_seed(0)
         if spec.encoder:
-            config.num_labels = 2
-            model = transformers.AutoModelForSequenceClassification.from_config(config)
+            # Like distilbert-base-uncased: a masked-LM checkpoint with no classification head, so
+            # `AutoModelForSequenceClassification.from_pretrained(path, num_labels=n)` adds a fresh
+            # head of any size (a saved 2-label head would refuse 1 or 3 labels).
+            model = transformers.AutoModelForMaskedLM.from_config(config)
         else:
             model = transformers.AutoModelForCausalLM.from_config(config)
         model.save_pretrained(tmp)

@@ -51,14 +51,40 @@ CASES = {
 }
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", list(CASES))
-def test_gpt2_deepspeed_rejects(case):
-    params, ename, words = CASES[case]
+GLUE_CASES = {
+    "unknown_task": ({"SMOKE_TEST": True, "TASK": "squad"}, "ParameterError", ["TASK='squad'", "'mnli-mm'"]),
+    "batch_size_0": ({"SMOKE_TEST": True, "BATCH_SIZE": 0}, "ParameterError", ["BATCH_SIZE=0", "at least 1"]),
+    "no_workers": ({"NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
+    "missing_checkpoint_offline": (
+        {"MODEL_CHECKPOINT": "no-such-org/no-such-bert", "USE_GPU": False},
+        "ParameterError",
+        ["MODEL_CHECKPOINT='no-such-org/no-such-bert'", "offline"],
+    ),
+    "hub_data_offline": (
+        {"MODEL_CHECKPOINT": lambda: helpers.tiny_model("distilbert"), "USE_GPU": False},
+        "ParameterError",
+        ["GLUE_PATH='hf://datasets/nyu-mll/glue'", "offline"],
+    ),
+}
+
+
+def _check_rejected(notebook, case, params, ename, words):
     params = {k: v() if callable(v) else v for k, v in params.items()}
-    results, wall, error = execute("gpt2_deepspeed", params, tag=f"bad-{case}")
+    results, wall, error = execute(notebook, params, tag=f"bad-{case}")
     assert error is not None and results is None
     assert getattr(error, "ename", None) == ename, error
     for word in words:
         assert word in error.evalue, (word, error.evalue)
     assert wall < 60, f"took {wall:.0f} s to reject"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(CASES))
+def test_gpt2_deepspeed_rejects(case):
+    _check_rejected("gpt2_deepspeed", case, *CASES[case])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(GLUE_CASES))
+def test_glue_rejects(case):
+    _check_rejected("glue_text_classification", case, *GLUE_CASES[case])
