@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import execute, run_nbval
+from conftest import run_nbval
+from zero_rank import zero_rank
 
 NAME = "gpt2_deepspeed"
 # First three step losses of the default smoke run (ZeRO-3, bf16, seed 42), measured on the
@@ -65,15 +66,31 @@ def test_resume_continues_where_it_stopped(stage3_run):
     assert Path(results["resumed_checkpoint_path"]).is_dir()
 
 
-@pytest.mark.notebook
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("stage", [1, 2])
 def test_stages_1_and_2_partition_optimizer_state(stage):
-    results, wall, error = execute(NAME, {"SMOKE_TEST": True, "ZERO_STAGE": stage}, tag=f"zero{stage}")
-    assert error is None, error
-    assert results["zero_stage"] == stage
-    # Stages 1-2 partition the fp32 master weights and the optimizer states over them.
-    assert results["partition_fraction"] == pytest.approx([0.5, 0.5], abs=0.02)
-    assert results["losses"][-1] < results["losses"][0] - 1.0
-    assert results["resumed_start_epoch"] == 2
-    print(f"ZeRO-{stage}: {wall:.0f} s")
+    """ZeRO-1/2 on 2 CPU ranks: each holds half the fp32 master weights and optimizer states.
+
+    The notebook runs them with `-p ZERO_STAGE 1` (or 2); here the same DeepSpeed mechanism and
+    the notebook's proof (`helpers.zero_partition_fraction`) run without Ray, in a few seconds.
+    """
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=zero_rank, args=(r, 2, port, stage, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(results.get(timeout=150) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    fractions = [fraction for _, fraction, _ in got]
+    assert fractions == pytest.approx([0.5, 0.5], abs=0.02)  # 1.0 would be plain data parallel
+    for _, _, losses in got:
+        assert losses[-1] < losses[0]  # the partitioned optimizer really steps

@@ -1,0 +1,39 @@
+"""A DeepSpeed rank for the ZeRO-1/2 test, in its own module: a spawned child imports only this
+(importing the test module would import conftest, which resets the offline-guard log)."""
+
+from __future__ import annotations
+
+
+def zero_rank(rank: int, world_size: int, port: int, stage: int, results) -> None:
+    """One of 2 gloo ranks: a DeepSpeed engine at `stage` over the tiny GPT-2, one training step."""
+    import os
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2"
+    )
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import helpers
+
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(helpers.tiny_model("gpt2"))
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True},
+        "bf16": {"enabled": True},
+        "gradient_clipping": 1.0,
+    }
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    ids = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(rank))
+    losses = []
+    for _ in range(3):
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    results.put((rank, helpers.zero_partition_fraction(engine), losses))
+    torch.distributed.destroy_process_group()
