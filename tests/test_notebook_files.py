@@ -43,3 +43,15 @@ def test_first_code_cell_is_the_parameters_cell(path):
         assert "#" in line, f"{name} needs a comment on its trade-off"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     assert any("if SMOKE_TEST:" in c.source for c in code), "smoke mode is one visible cell"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_papermill_sees_every_parameter(path):
+    # papermill skips lines it cannot parse (e.g. a second "=") and then calls `-p SMOKE_TEST True`
+    # an "unknown parameter": a batch-job author would think the switch did nothing.
+    import papermill
+
+    nb = nbformat.read(path, as_version=4)
+    tree = ast.parse(next(c for c in nb.cells if c.cell_type == "code").source)
+    names = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets]
+    assert list(papermill.inspect_notebook(str(path))) == names
