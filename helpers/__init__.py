@@ -7,6 +7,7 @@ notebooks; this package holds only set-up a learner should not have to wade thro
 
 from .cache import cache_dir
 from .cluster import LOG_NOISE, ResourceRequestError, check_resources, start_ray
+from .cost import INSTANCE_PRICES, run_cost
 from .fixtures import (
     AG_NEWS_LABELS,
     GLUE_SCHEMAS,
@@ -36,6 +37,7 @@ __all__ = [
     "GLUE_METRICS",
     "GLUE_SCHEMAS",
     "GlueMetric",
+    "INSTANCE_PRICES",
     "LOG_NOISE",
     "REQUIRED_KEYS",
     "TINY_ARCHS",
@@ -56,6 +58,7 @@ __all__ = [
     "model_max_positions",
     "play_script_fixture",
     "plot_losses",
+    "run_cost",
     "start_ray",
     "tiny_model",
     "write_results",

@@ -39,6 +39,13 @@ LOG_NOISE = [
     re.compile(r"^\s*self.exclude_resources = exclude_resources\s*$"),
     re.compile(r"PYTHON worker processes have been started on node"),  # raylet, expected on a laptop
     re.compile(r"Failed to kill actor .* Socket closed"),  # gcs, an actor that already exited
+    # Lightning + FSDP on CPU workers, once per step or per worker. On CPU, Lightning's FSDP precision plugin
+    # skips `torch.autocast("cuda")`, but FSDP's MixedPrecision still computes in bf16.
+    re.compile(r"CUDA is not available or torch_xla is imported. Disabling autocast"),
+    re.compile(r"torch.distributed.nn.functional.all_gather is deprecated"),  # inside Lightning
+    re.compile(r"isinstance\(treespec, LeafSpec\)` is deprecated"),  # inside Lightning
+    re.compile(r"is not supported by the model summary"),  # Lightning estimates sizes in fp32
+    re.compile(r"Tip: For seamless cloud logging"),  # Lightning advertising a logger
 ]
 
 # Set on every Ray worker: 16 workers' progress bars for the same small load are noise.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["fsdp_strategy_class", "param_shard_fraction"]
+__all__ = ["LIGHTNING_PRECISIONS", "fsdp_strategy_class", "param_shard_fraction"]
 
 
 def fsdp_strategy_class():
@@ -67,3 +67,17 @@ def param_shard_fraction(wrapped_model, total_numel: int) -> float:
     """
     local = sum(p.numel() for p in wrapped_model.parameters())
     return local / total_numel
+
+
+# The `precision=` strings Lightning accepts (`lightning.fabric.connector._PRECISION_INPUT_STR`), listed
+# here so that checking a parameter does not import Lightning (seconds); a test keeps the two equal.
+LIGHTNING_PRECISIONS = (
+    "transformer-engine",
+    "transformer-engine-float16",
+    "16-true",
+    "16-mixed",
+    "bf16-true",
+    "bf16-mixed",
+    "32-true",
+    "64-true",
+)

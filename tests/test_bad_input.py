@@ -68,6 +68,42 @@ GLUE_CASES = {
 }
 
 
+def _tiny_neox():
+    return helpers.tiny_model("gpt_neox")
+
+
+# Explicit CPU settings, so that each case fails on the one parameter it names.
+_DOLLY_CPU = {"MODEL_NAME": _tiny_neox, "USE_GPU": False, "PRECISION": "bf16-mixed", "CPU_OFFLOAD": False}
+DOLLY_CASES = {
+    "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
+    "batch_size_0": (
+        {"SMOKE_TEST": True, "BATCH_SIZE_PER_WORKER": 0},
+        "ParameterError",
+        ["BATCH_SIZE_PER_WORKER=0", "at least 1"],
+    ),
+    "unknown_precision": (
+        {"SMOKE_TEST": True, "PRECISION": "fp8"},
+        "ParameterError",
+        ["PRECISION='fp8'", "'bf16-mixed'", "'16-mixed'"],
+    ),
+    "max_length_too_long": (
+        {**_DOLLY_CPU, "MAX_LENGTH": 4096},
+        "ParameterError",
+        ["MAX_LENGTH=4096", "256 positions"],
+    ),
+    "fp16_on_cpu": (
+        {**_DOLLY_CPU, "PRECISION": "16-mixed"},
+        "ParameterError",
+        ["PRECISION='16-mixed'", "USE_GPU"],
+    ),
+    "gpus_that_do_not_exist": (
+        {**_DOLLY_CPU, "USE_GPU": True, "MAX_LENGTH": 32, "DATASET_NAME": helpers.play_script_fixture},
+        "ResourceRequestError",
+        ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "SMOKE_TEST"],
+    ),
+}
+
+
 def _check_rejected(notebook, case, params, ename, words):
     params = {k: v() if callable(v) else v for k, v in params.items()}
     results, wall, error = execute(notebook, params, tag=f"bad-{case}")
@@ -88,3 +124,9 @@ def test_gpt2_deepspeed_rejects(case):
 @pytest.mark.parametrize("case", list(GLUE_CASES))
 def test_glue_rejects(case):
     _check_rejected("glue_text_classification", case, *GLUE_CASES[case])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(DOLLY_CASES))
+def test_dolly_rejects(case):
+    _check_rejected("dolly_lightning_fsdp", case, *DOLLY_CASES[case])

@@ -113,3 +113,13 @@ def test_cpu_fsdp_strategy_shards_trains_and_checkpoints(tmp_path):
     full = AutoModelForCausalLM.from_pretrained(helpers.tiny_model("gpt_neox")).state_dict()
     assert {k.removeprefix("model.") for k in state} == set(full)
     assert all(state["model." + k].shape == v.shape for k, v in full.items())  # full tensors, not shards
+
+
+def test_precision_list_matches_lightning():
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT_STR
+
+    from helpers.fsdp import LIGHTNING_PRECISIONS
+
+    assert set(LIGHTNING_PRECISIONS) == set(typing.get_args(_PRECISION_INPUT_STR))

@@ -1,0 +1,42 @@
+"""What a training run cost: its measured wall time times the cluster's on-demand hourly price.
+
+Used by the Dolly notebook, whose original reports "($1.204 * 15 + $2.176) * 2877 / 3600 = $16.17"
+for 15 g4dn.4xlarge workers and a g4dn.8xlarge head node. Prices change: pass `prices=` with your
+own (a cloud's price list or your contract) rather than trusting this table for a budget.
+"""
+
+from __future__ import annotations
+
+__all__ = ["INSTANCE_PRICES", "run_cost"]
+
+# AWS EC2 on-demand USD per hour, us-east-1, Linux. The g4dn.4xlarge and g4dn.8xlarge prices are the
+# ones the original tutorial used (2023); the others are from the same public price list.
+INSTANCE_PRICES = {
+    "g4dn.xlarge": 0.526,  # 1 T4
+    "g4dn.2xlarge": 0.752,  # 1 T4
+    "g4dn.4xlarge": 1.204,  # 1 T4
+    "g4dn.8xlarge": 2.176,  # 1 T4
+    "g4dn.12xlarge": 3.912,  # 4 T4
+    "g5.xlarge": 1.006,  # 1 A10G
+    "g5.12xlarge": 5.672,  # 4 A10G
+    "p4d.24xlarge": 32.7726,  # 8 A100 40GB
+}
+
+
+def run_cost(wall_seconds: float, instances: dict[str, int], prices: dict[str, float] | None = None) -> float:
+    """US dollars for running `instances` ({instance type: count}) for `wall_seconds`.
+
+    >>> round(run_cost(2877, {"g4dn.4xlarge": 15, "g4dn.8xlarge": 1}), 2)
+    16.17
+    """
+    prices = INSTANCE_PRICES if prices is None else prices
+    unknown = sorted(set(instances) - set(prices))
+    if unknown:
+        raise ValueError(
+            f"no price for {', '.join(unknown)}; known: {', '.join(sorted(prices))}. "
+            "Pass prices={instance type: USD per hour}."
+        )
+    if wall_seconds < 0 or any(count < 0 for count in instances.values()):
+        raise ValueError("wall_seconds and instance counts must not be negative")
+    hourly = sum(prices[name] * count for name, count in instances.items())
+    return hourly * wall_seconds / 3600
