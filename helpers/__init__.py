@@ -16,6 +16,8 @@ from .fixtures import (
     glue_fixture,
     play_script_fixture,
 )
+from .flops import dense_peak_flops, model_flops_utilization
+from .memory import PeakRSS
 from .metrics import GLUE_METRICS, GlueMetric
 from .plots import plot_losses
 from .results import REQUIRED_KEYS, Stopwatch, write_results
@@ -28,6 +30,7 @@ from .validate import (
     check_max_positions,
     check_positive,
     check_source_available,
+    choose_attention,
     hub_offline,
     model_max_positions,
 )
@@ -37,6 +40,7 @@ __all__ = [
     "GLUE_METRICS",
     "GLUE_SCHEMAS",
     "GlueMetric",
+    "PeakRSS",
     "INSTANCE_PRICES",
     "LOG_NOISE",
     "REQUIRED_KEYS",
@@ -47,6 +51,8 @@ __all__ = [
     "ag_news_fixture",
     "cache_dir",
     "chat_fixture",
+    "choose_attention",
+    "dense_peak_flops",
     "glue_fixture",
     "hub_offline",
     "check_choice",
@@ -56,6 +62,7 @@ __all__ = [
     "check_resources",
     "check_source_available",
     "model_max_positions",
+    "model_flops_utilization",
     "play_script_fixture",
     "plot_losses",
     "run_cost",

@@ -3,6 +3,7 @@
 Used by the "Start Ray" cell of every notebook.
 
 Two traps this module exists for (both seen on a 2-core laptop, see the README):
+
 - Ray Data + 2 training workers deadlock when the workers hold every CPU slot: the read
   operator waits, "backpressured", forever. A local Ray here advertises more logical CPUs
   than cores (`num_cpus`), so Ray Data always has slots left; the OS shares the cores.
@@ -17,7 +18,7 @@ import os
 import re
 import warnings
 
-__all__ = ["start_ray", "check_resources", "ResourceRequestError", "LOG_NOISE"]
+__all__ = ["start_ray", "check_resources", "ResourceRequestError", "LOG_NOISE", "RAY_ENV", "LOCAL_RAY_ENV"]
 
 # Lines that drown the lesson and tell a learner nothing they can act on.
 LOG_NOISE = [
@@ -47,6 +48,25 @@ LOG_NOISE = [
     re.compile(r"is not supported by the model summary"),  # Lightning estimates sizes in fp32
     re.compile(r"Tip: For seamless cloud logging"),  # Lightning advertising a logger
 ]
+
+# Set in the driver before Ray starts (a local Ray's processes inherit them).
+RAY_ENV = {
+    "RAY_DEDUP_LOGS": "1",
+    # Ray Data logs every dataset execution at INFO (and, outside a terminal, its progress as more
+    # INFO lines): a screenful per `count()`.
+    "RAY_DATA_LOG_LEVEL": "WARNING",
+    # Ray Train v2 tees every worker print() into its logger *and* stdout: each line shows twice.
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+}
+# ... and for a Ray on this machine only (no RAY_ADDRESS): a laptop is never preempted, so the watcher
+# actor only costs start-up time; Ray Data's parquet reader starts 32 footer-reading actors per
+# `read_parquet`, sized for a cluster reading thousands of remote files, where one is enough on
+# 2 cores (reading a small split took 8-10 s with 32 and 2-3 s with 1, measured here).
+LOCAL_RAY_ENV = {
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_METRICS_ENABLED": "0",
+    "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "1",
+}
 
 # Set on every Ray worker: 16 workers' progress bars for the same small load are noise.
 WORKER_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -90,21 +110,9 @@ def start_ray(num_cpus: int | None = None, **init_kwargs) -> dict:
     """
     import ray
 
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    # Ray Data logs every dataset execution at INFO (and, outside a terminal, its progress as more
-    # INFO lines): a screenful per `count()`. Warnings and errors still show; so do Jupyter's bars.
-    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
+    for var, value in {**RAY_ENV, **({} if os.environ.get("RAY_ADDRESS") else LOCAL_RAY_ENV)}.items():
+        os.environ.setdefault(var, value)
     logging.getLogger("ray.data").setLevel(os.environ["RAY_DATA_LOG_LEVEL"])  # if already imported
-    # Ray Train v2 tees every worker print() into its logger *and* stdout: each line shows twice.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    if not os.environ.get("RAY_ADDRESS"):
-        # A laptop is never preempted; the watcher actor only costs start-up time there.
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-        os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
-        # Ray Data's parquet reader starts 32 footer-reading actors per `read_parquet`, sized for a
-        # cluster reading thousands of remote files. On 2 cores one is enough: reading a small
-        # split took 8-10 s with 32 and 2-3 s with 1 (measured here).
-        os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
     # Ray Train v2 prints a deprecation hint per call for this; the notebooks use the v2 API.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
     if not ray.is_initialized():

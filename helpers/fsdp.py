@@ -63,9 +63,11 @@ def fsdp_strategy_class():
 def param_shard_fraction(wrapped_model, total_numel: int) -> float:
     """Parameter elements this rank holds locally after FSDP wrapped the model / all of the model's.
 
-    About `1 / world_size` with FULL_SHARD; 1.0 means every rank holds a full copy (DDP).
+    About `1 / world_size` with FULL_SHARD; 1.0 means every rank holds a full copy (DDP). Works for
+    FSDP1 (flat parameters hold the local shard) and FSDP2 (each parameter is a `DTensor`, whose
+    `numel()` is the global size; its `to_local()` is what this rank holds).
     """
-    local = sum(p.numel() for p in wrapped_model.parameters())
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in wrapped_model.parameters())
     return local / total_numel
 
 

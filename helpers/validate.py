@@ -21,6 +21,7 @@ __all__ = [
     "model_max_positions",
     "check_source_available",
     "hub_offline",
+    "choose_attention",
 ]
 
 
@@ -101,3 +102,31 @@ def check_max_positions(name: str, value: int, model_name: str) -> int:
             f"{name}={value}: the model {model_name!r} has {limit} positions; use {name} <= {limit}."
         )
     return value
+
+
+def choose_attention(use_flash_attn: bool, use_gpu: bool) -> str:
+    """The `attn_implementation` to load the model with: `flash_attention_2` where it can run, else `sdpa`.
+
+    FlashAttention 2 needs CUDA GPUs and the `flash-attn` package. Where either is missing, asking for
+    it falls back to PyTorch's scaled-dot-product attention (`sdpa`, which picks a fused kernel of
+    its own where it can) with a warning that names `USE_FLASH_ATTN` and the fallback, instead of
+    an error from inside every worker.
+    """
+    import importlib.util
+    import warnings
+
+    if not use_flash_attn:
+        return "sdpa"
+    reason = None
+    if not use_gpu:
+        reason = "USE_GPU=False, and flash-attn runs only on CUDA GPUs"
+    elif importlib.util.find_spec("flash_attn") is None:
+        reason = "the flash-attn package is not installed (`pip install flash-attn --no-build-isolation`)"
+    if reason:
+        warnings.warn(
+            f"USE_FLASH_ATTN=True, but {reason}: falling back to attn_implementation='sdpa' "
+            "(PyTorch's scaled dot-product attention).",
+            stacklevel=2,
+        )
+        return "sdpa"
+    return "flash_attention_2"

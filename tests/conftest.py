@@ -36,7 +36,7 @@ os.environ.update(
     PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "ci" / "offline"), os.environ.get("PYTHONPATH")])),
 )
 os.environ.setdefault("LLM_NOTEBOOKS_CACHE", str(ROOT / ".cache" / "test"))
-os.environ.pop("RAY_ADDRESS", None)  # always a local, private Ray
+os.environ.pop("RAY_ADDRESS", None)  # never a cluster from outside: the shared one below, or none
 os.environ.pop("SMOKE_TEST", None)  # each test says which mode it runs
 
 sys.path.insert(0, str(ROOT / "ci" / "offline"))
@@ -64,6 +64,53 @@ def no_outbound_connections():
     assert not attempts, f"outbound connection attempted (offline guard log):\n{attempts[:3000]}"
 
 
+_shared_ray_address: str | None = None
+
+
+def shared_ray() -> str:
+    """Start (once per session) the local Ray cluster that every notebook run attaches to.
+
+    A notebook that starts its own Ray pays for it every run: Ray's processes, then Ray Train's
+    system actors (about 10 s a run on 2 cores, measured here). Attached through `RAY_ADDRESS`,
+    as on a workspace's cluster, the runs share one. It is set up like `helpers.start_ray`'s local
+    Ray: the same logical CPUs (the Ray Data anti-deadlock setting) and environment.
+    """
+    global _shared_ray_address
+    if _shared_ray_address is None:
+        import socket
+
+        from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
+
+        for var, value in {**RAY_ENV, **LOCAL_RAY_ENV}.items():
+            os.environ.setdefault(var, value)
+        # `ray start` turns on token authentication, and every client would need the token; a cluster
+        # on loopback inside the test's network namespace has nobody to keep out.
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        # With usage stats disabled, a cluster started by `ray start` (not `ray.init`) still sends one
+        # "disabled" report to usage-stats.ray.io; the offline guard caught it. Send it to loopback.
+        os.environ["RAY_USAGE_STATS_REPORT_URL"] = "http://127.0.0.1:9/"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ray = str(Path(sys.executable).parent / "ray")
+        subprocess.run(
+            [ray, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1"]
+            + [f"--num-cpus={max(4, 2 * (os.cpu_count() or 1))}", "--include-dashboard=false"]
+            + ["--disable-usage-stats"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        _shared_ray_address = f"127.0.0.1:{port}"
+    return _shared_ray_address
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _shared_ray_address is not None:
+        ray = str(Path(sys.executable).parent / "ray")
+        subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=120)
+
+
 def execute(
     name: str, parameters: dict, tag: str, timeout: int = 600
 ) -> tuple[dict | None, float, Exception | None]:
@@ -74,6 +121,7 @@ def execute(
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / f"{name}-{tag}.json"
     results_path.unlink(missing_ok=True)
+    os.environ["RAY_ADDRESS"] = shared_ray()  # the kernel inherits it
     start = time.perf_counter()
     error = None
     try:
@@ -88,6 +136,8 @@ def execute(
         )
     except Exception as exc:  # noqa: BLE001 - returned to the test, which asserts on it
         error = exc
+    finally:
+        os.environ.pop("RAY_ADDRESS", None)
     wall = time.perf_counter() - start
     results = json.loads(results_path.read_text()) if results_path.exists() else None
     return results, wall, error
@@ -95,6 +145,7 @@ def execute(
 
 def run_nbval(name: str, env: dict, timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:
     """Validate notebooks/<name>.ipynb cell by cell with nbval (lax: no stored outputs to compare)."""
+    address = shared_ray()
     start = time.perf_counter()
     proc = subprocess.run(
         [
@@ -110,7 +161,7 @@ def run_nbval(name: str, env: dict, timeout: int = 600) -> tuple[subprocess.Comp
             str(NOTEBOOKS),
             str(NOTEBOOKS / f"{name}.ipynb"),
         ],
-        env={**os.environ, **env},
+        env={**os.environ, "RAY_ADDRESS": address, **env},
         cwd=str(NOTEBOOKS),
         capture_output=True,
         text=True,
@@ -119,3 +170,14 @@ def run_nbval(name: str, env: dict, timeout: int = 600) -> tuple[subprocess.Comp
     (ARTIFACTS / "notebooks").mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "notebooks" / f"{name}-nbval.log").write_text(proc.stdout + proc.stderr)
     return proc, time.perf_counter() - start
+
+
+def smoke_nbval(name: str, results_dir: Path) -> tuple[dict, float]:
+    """The notebook as a learner runs it (SMOKE_TEST=1 in the environment), validated cell by cell by nbval.
+
+    Returns (its results JSON, wall seconds); fails the calling test (or fixture) if a cell failed.
+    """
+    results = results_dir / "results.json"
+    proc, wall = run_nbval(name, {"SMOKE_TEST": "1", "RESULTS_PATH": str(results)})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads(results.read_text()), wall

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import execute
+from conftest import ARTIFACTS, execute
 
 import helpers
 
@@ -130,3 +130,41 @@ def test_glue_rejects(case):
 @pytest.mark.parametrize("case", list(DOLLY_CASES))
 def test_dolly_rejects(case):
     _check_rejected("dolly_lightning_fsdp", case, *DOLLY_CASES[case])
+
+
+def _tiny_llama():
+    return helpers.tiny_model("llama")
+
+
+_LLAMA_CPU = {"MODEL_NAME": _tiny_llama, "USE_GPU": False, "USE_FLASH_ATTN": False}
+LLAMA_CASES = {
+    "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
+    "save_steps_0": ({"SMOKE_TEST": True, "SAVE_STEPS": 0}, "ParameterError", ["SAVE_STEPS=0", "at least 1"]),
+    "max_seq_len_too_long": (
+        {**_LLAMA_CPU, "MAX_SEQ_LEN": 4096},
+        "ParameterError",
+        ["MAX_SEQ_LEN=4096", "512 positions"],
+    ),
+    "warmup_ratio_1": (
+        {"SMOKE_TEST": True, "WARMUP_RATIO": 1.0},
+        "ParameterError",
+        ["WARMUP_RATIO=1.0", "[0, 1)"],
+    ),
+    "gpus_that_do_not_exist": (
+        # USE_FLASH_ATTN=True (the default) on a machine without flash-attn warns and falls back to sdpa;
+        # the request for 16 GPUs then fails before any training starts.
+        {"MODEL_NAME": _tiny_llama, "MAX_SEQ_LEN": 128, "DATASET_NAME": helpers.chat_fixture},
+        "ResourceRequestError",
+        ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "SMOKE_TEST"],
+    ),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(LLAMA_CASES))
+def test_llama_rejects(case):
+    _check_rejected("llama_fsdp", case, *LLAMA_CASES[case])
+    if case == "gpus_that_do_not_exist":  # the attention fallback was announced on the way
+        executed = (ARTIFACTS / "notebooks" / f"llama_fsdp-bad-{case}.ipynb").read_text()
+        assert "USE_FLASH_ATTN=True, but the flash-attn package is not installed" in executed
+        assert "falling back to attn_implementation='sdpa'" in executed

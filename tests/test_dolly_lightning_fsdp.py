@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from conftest import run_nbval
+from conftest import smoke_nbval
 
 import helpers
 
@@ -19,11 +18,7 @@ STEPS_PER_EPOCH = 39  # 610 fixture lines, 305 per worker, batches of 8 (the las
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """The notebook as a learner runs it (SMOKE_TEST=1 in the environment), validated by nbval."""
-    results = tmp_path_factory.mktemp("nbval") / "results.json"
-    proc, wall = run_nbval(NAME, {"SMOKE_TEST": "1", "RESULTS_PATH": str(results)})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return json.loads(results.read_text()), wall
+    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"))
 
 
 @pytest.mark.notebook

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_nbval
+from conftest import smoke_nbval
 from zero_rank import zero_rank
 
 NAME = "gpt2_deepspeed"
@@ -16,13 +16,7 @@ PINNED_FIRST_LOSSES = [6.2499, 6.1179, 5.9670]
 
 @pytest.fixture(scope="module")
 def stage3_run(tmp_path_factory):
-    """The notebook as a learner runs it (SMOKE_TEST=1 in the environment), validated by nbval."""
-    results = tmp_path_factory.mktemp("nbval") / "results.json"
-    proc, wall = run_nbval(NAME, {"SMOKE_TEST": "1", "RESULTS_PATH": str(results)})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    import json
-
-    return json.loads(results.read_text()), wall
+    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"))
 
 
 @pytest.mark.notebook

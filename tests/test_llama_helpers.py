@@ -1,0 +1,71 @@
+"""The Llama notebook's helpers: MFU the way the post computes it, dense peaks, the RAM tracker, attention."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import helpers
+
+
+def test_mfu_reproduces_the_posts_arithmetic():
+    # The post: 70e9 parameters, 500 steps of 16 GPUs x 2048 tokens, 13.5 h, A100s at 312 TFLOP/s dense bf16.
+    tokens = 2048 * 16 * 500
+    seconds = 13.5 * 3600
+    per_gpu = helpers.model_flops_utilization(70e9, tokens, seconds, 16, 312e12)
+    assert per_gpu == pytest.approx(6 * 70e9 * tokens / seconds / (16 * 312e12))
+    assert per_gpu == pytest.approx(0.02836, abs=1e-4)
+    # The post's "about 45.5%" divides by one GPU's peak, not sixteen: the same run counted 16 times over.
+    assert 16 * per_gpu == pytest.approx(0.455, abs=0.005)
+    assert helpers.model_flops_utilization(70e9, tokens, seconds, 16, None) is None
+
+
+@pytest.mark.parametrize(
+    ("device_name", "expected"),
+    [
+        ("NVIDIA A100-SXM4-80GB", 312e12),  # Lightning's table
+        ("NVIDIA H100 80GB HBM3", 989.4e12),  # Lightning's table: H100 SXM, dense
+        ("NVIDIA H100 NVL", 835.5e12),  # Lightning lists 1978.8e12, the with-sparsity figure
+        ("NVIDIA H200", 989.5e12),  # Lightning maps only "h200 sxm1"/"h200 nvl1", both with sparsity
+    ],
+)
+def test_dense_peak_flops_never_with_sparsity(monkeypatch, device_name, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
+    assert helpers.dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(
+        expected, rel=1e-3
+    )
+
+
+def test_no_peak_and_no_mfu_on_cpu():
+    assert helpers.dense_peak_flops(torch.device("cpu"), torch.bfloat16) is None
+
+
+def test_peak_rss_sees_a_peak_that_is_gone_at_the_end():
+    import mmap
+    import time
+
+    # Fresh pages from the kernel: a malloc'd block (torch.ones) can reuse heap pages an earlier test freed
+    # but glibc kept resident, and then RSS does not move at all (CI saw 0.0 MB growth that way).
+    size = 200 * 2**20
+    with helpers.PeakRSS() as mem:
+        block = mmap.mmap(-1, size)
+        view = torch.frombuffer(block, dtype=torch.uint8)
+        view.fill_(1)  # touched: now resident
+        time.sleep(0.1)  # held for a moment (the sampler is a Python thread: it needs the GIL to look)
+        del view
+        block.close()  # unmapped: gone from RSS
+    assert mem.peak_growth_mb > 150, mem.as_dict()
+    assert mem.end_growth_mb < 50, mem.as_dict()
+    assert set(mem.as_dict()) == {"before_mb", "end_growth_mb", "peak_growth_mb"}
+
+
+def test_flash_attention_falls_back_with_a_warning_naming_the_parameter():
+    with pytest.warns(UserWarning, match=r"USE_FLASH_ATTN=True.*USE_GPU=False.*'sdpa'"):
+        assert helpers.choose_attention(True, use_gpu=False) == "sdpa"
+    with pytest.warns(UserWarning, match=r"USE_FLASH_ATTN=True.*flash-attn package is not installed"):
+        assert helpers.choose_attention(True, use_gpu=True) == "sdpa"  # no flash-attn on this machine
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert helpers.choose_attention(False, use_gpu=True) == "sdpa"
