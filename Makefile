@@ -1,5 +1,6 @@
 # `make run`: every notebook in smoke mode through papermill, with a summary.
-# `make test`: the test suite. Both create or update the virtualenv first.
+# `make test`: the test suite. `make docs`: the docs site in docs/_build/html (DOCS_EXECUTE=1: with the
+# notebooks executed in smoke mode). All create or update the virtualenv first.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +21,13 @@ endif
 NETNS := $(shell unshare -n true >/dev/null 2>&1 && echo "unshare -n ci/with-loopback.sh" || \
            (unshare -rn true >/dev/null 2>&1 && echo "unshare -rn ci/with-loopback.sh"))
 
-.PHONY: install run test lint clean
+# The docs test opens the site in Debian's chromium (playwright drives it; it never downloads a browser).
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+DOCS_OUT := docs/_build/html
+SPHINX_OPTS := -W --keep-going -E -b html  # warnings are errors (all reported), fresh environment
+
+.PHONY: install run test docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,13 +49,27 @@ install: $(STAMP)
 run: install
 	$(BIN)/python ci/run_notebooks.py
 
-test: install
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "No $(CHROMIUM): install Chromium and set CHROMIUM=/path/to/it"; exit 1; }
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+
+test: install $(CHROMIUM)
 	@echo "network isolation: $(if $(NETNS),$(NETNS),none available - offline guard and env vars only)"
-	$(NETNS) $(BIN)/python -m pytest
+	CHROMIUM=$(CHROMIUM) $(NETNS) $(BIN)/python -m pytest
+
+# DOCS_EXECUTE=1 runs every notebook in smoke mode during the build (about 6 minutes on 2 cores), then
+# checks the executed pages in the browser (each shows a plot and says it comes from the smoke run).
+docs: install $(if $(filter-out 0 false,$(DOCS_EXECUTE)),$(CHROMIUM))
+	$(NETNS) $(BIN)/python -m sphinx $(SPHINX_OPTS) docs $(DOCS_OUT)
+	@echo "Site: $(DOCS_OUT)/index.html"
+ifneq ($(filter-out 0 false,$(DOCS_EXECUTE)),)
+	DOCS_SITE=$(DOCS_OUT) CHROMIUM=$(CHROMIUM) $(NETNS) $(BIN)/python -m pytest tests/test_docs.py -m docs_executed
+endif
 
 lint: install
-	$(BIN)/ruff check helpers tests ci notebooks
-	$(BIN)/ruff format --check helpers tests ci notebooks
+	$(BIN)/ruff check helpers tests ci notebooks docs/conf.py
+	$(BIN)/ruff format --check helpers tests ci notebooks docs/conf.py
 
 clean:
-	rm -rf $(VENV) runs test-artifacts .cache
+	rm -rf $(VENV) runs test-artifacts .cache docs/_build

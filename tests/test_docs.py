@@ -1,0 +1,307 @@
+"""The docs site (`make docs`, `docs/`): it builds without a single warning, and reads right in a real browser.
+
+The site is served on loopback and opened in headless Chromium (Debian's `chromium`, which `make test`
+installs), the way a reader sees it: the landing page links to every notebook's page; each page shows
+its title, its code cells and no Python traceback; a screenshot of each page is kept in
+`test-artifacts/docs/screenshots/`. A small fixture site checks that notebook Markdown renders (notes,
+tables, images, highlighted code, `remove-cell`/`remove-input` tags), and a broken one that a bad
+cross-reference, an unknown code language or a notebook that is not JSON fails the build.
+
+`DOCS_EXECUTE=1 make docs` also runs the `docs_executed` test here on the executed site: every notebook
+page shows a plot, says it comes from the smoke run, and has no output that needs a script from a CDN.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import ARTIFACTS, NOTEBOOKS, ROOT
+
+DOCS = ROOT / "docs"
+SCREENSHOTS = ARTIFACTS / "docs" / "screenshots"
+NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
+# As `make docs` builds: warnings are errors, all of them reported, from a fresh environment.
+SPHINX = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-proxy-server",  # the tests point proxy variables at a tripwire; a page's own requests stay here
+]
+
+
+def sphinx_build(src: Path, out: Path, conf_dir: Path = DOCS, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*SPHINX, "-c", str(conf_dir), str(src), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+
+
+def notebook_title(path: Path) -> str:
+    first = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0]
+    return first.removeprefix("# ").replace("`", "")
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve(site: Path) -> Iterator[str]:
+    """Serve `site` on a free loopback port for the duration of the block; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    """The site as `make docs` builds it by default (notebooks not executed), or the one in `DOCS_SITE`."""
+    if os.environ.get("DOCS_SITE"):
+        return Path(os.environ["DOCS_SITE"])
+    out = ARTIFACTS / "docs" / "html"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = sphinx_build(DOCS, out, DOCS_EXECUTE="0")
+    assert proc.returncode == 0, f"the docs build warned or failed:\n{proc.stderr[-6000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium with a fresh profile; every request that leaves loopback is blocked and recorded."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    assert Path(chromium).exists(), (
+        f"no Chromium at {chromium}: `make test` installs Debian's chromium package; elsewhere set CHROMIUM"
+    )
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),  # --user-data-dir
+            executable_path=chromium,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        context.external_requests = []
+
+        def keep_local(route):
+            if route.request.url.startswith("http://127.0.0.1:"):
+                route.continue_()
+            else:  # e.g. an image the original tutorial links from GitHub: the test machine is offline
+                context.external_requests.append(route.request.url)
+                route.abort()
+
+        context.route("**/*", keep_local)
+        yield context
+        context.close()
+
+
+@contextlib.contextmanager
+def open_page(browser, url: str):
+    """A page at `url`, failing the test on any JavaScript error it raised."""
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url, wait_until="load")
+    yield page
+    page.close()
+    assert not errors, f"JavaScript errors on {url}: {errors}"
+
+
+@pytest.fixture(scope="module")
+def base_url(site) -> Iterator[str]:
+    with serve(site) as url:
+        yield url
+
+
+def test_every_notebook_has_a_page_and_the_reference_is_there(site):
+    for path in NOTEBOOK_FILES:
+        assert (site / "notebooks" / f"{path.stem}.html").is_file(), path.stem
+    api = (site / "api.html").read_text()
+    for module in ("cluster", "fixtures", "tiny_models", "validate"):
+        assert f'id="module-helpers.{module}"' in api, module
+    assert "helpers.cluster.start_ray" in api  # a function documented from its docstring
+
+
+def test_landing_page_links_to_every_notebook_page(browser, base_url):
+    with open_page(browser, f"{base_url}/index.html") as page:
+        assert page.locator("h1").first.inner_text().startswith("Distributed LLM fine-tuning on Ray")
+        # links in the page's own text, not the navigation bars
+        hrefs = page.locator("article a.reference").evaluate_all("links => links.map(a => a.href)")
+        text = page.locator("article").inner_text()
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "index.png"), full_page=True)
+    linked = {h.split("#")[0] for h in hrefs}
+    for path in NOTEBOOK_FILES:
+        assert f"{base_url}/notebooks/{path.stem}.html" in linked, f"no link to {path.stem}"
+    assert f"{base_url}/api.html" in linked
+    assert "papermill" in text and "SMOKE_TEST" in text  # how to run, at both scales
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
+def test_notebook_page_shows_title_code_and_no_traceback(browser, base_url, path):
+    nb = nbformat.read(path, as_version=4)
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    with open_page(browser, f"{base_url}/notebooks/{path.stem}.html") as page:
+        h1 = page.locator("article h1").first
+        assert h1.is_visible()
+        assert h1.inner_text().startswith(notebook_title(path))
+        assert notebook_title(path) in page.title()
+        inputs = page.locator("article div.cell_input")
+        assert inputs.count() == len(code_cells)  # every code cell, none dropped
+        assert inputs.first.is_visible() and inputs.last.is_visible()
+        # the parameters cell, highlighted as Python
+        first = inputs.first.inner_text()
+        assert "SMOKE_TEST =" in first and "NUM_WORKERS =" in first
+        assert inputs.first.locator("span.n").count() > 0
+        notes = page.locator("article div.admonition.note")
+        assert notes.first.is_visible()  # what this page shows (code only, or a smoke run's outputs)
+        assert notes.filter(has_text="What changed").count() >= 1  # the notebook's `> [!NOTE]` alerts
+        text = page.locator("article").inner_text()
+        assert "Traceback (most recent call last)" not in text
+        assert page.locator("article .output.traceback, article .output.error").count() == 0
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{path.stem}.png"), full_page=True)
+    assert (SCREENSHOTS / f"{path.stem}.png").stat().st_size > 10_000
+
+
+@pytest.mark.docs_executed
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
+def test_executed_page_shows_a_plot_and_says_where_it_came_from(browser, base_url, path):
+    """Only on a site built with DOCS_EXECUTE=1 (`make docs` runs it there)."""
+    with open_page(browser, f"{base_url}/notebooks/{path.stem}.html") as page:
+        images = page.locator("article div.cell_output img")
+        assert images.count() >= 1, "no plot on the page"
+        assert images.first.evaluate("img => img.complete && img.naturalWidth > 100")
+        # no output that needs a script from outside the site to show (Jupyter widgets load theirs from a CDN)
+        assert page.locator("script[type='application/vnd.jupyter.widget-view+json']").count() == 0
+        note = page.locator("article div.admonition.note").first.inner_text()
+        assert "Outputs from a CPU smoke run" in note and "SMOKE_TEST=1" in note
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{path.stem}-executed.png"), full_page=True)
+
+
+# ---- Markdown and cell tags, on a fixture site built with the same conf.py ----
+
+# A 1x1 PNG: enough for Sphinx to copy it and for the browser to decode it.
+PIXEL = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def _fixture_notebook() -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata.language_info = {"name": "python", "pygments_lexer": "ipython3"}
+    stream = functools.partial(nbformat.v4.new_output, "stream", name="stdout")
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(
+            "# Fixture page\n\n"
+            "> [!NOTE]\n> A GitHub-style note.\n\n"
+            ":::{warning}\nA MyST warning.\n:::\n\n"
+            "| setting | value |\n|---|---|\n| `NUM_WORKERS` | 2 |\n\n"
+            "![a pixel](pixel.png)\n\n"
+            "```bash\npapermill in.ipynb out.ipynb -p SMOKE_TEST True\n```\n"
+        ),
+        nbformat.v4.new_code_cell(
+            "shown_input = 1\nprint('output of a shown cell')",
+            outputs=[stream(text="output of a shown cell\n")],
+        ),
+        nbformat.v4.new_code_cell(
+            "removed_cell_input = 2",
+            outputs=[stream(text="removed cell output\n")],
+            metadata={"tags": ["remove-cell"]},
+        ),
+        nbformat.v4.new_code_cell(
+            "removed_input_only = 3",
+            outputs=[stream(text="output whose input is removed\n")],
+            metadata={"tags": ["remove-input"]},
+        ),
+    ]
+    return nb
+
+
+def test_notebook_markdown_and_cell_tags_render(browser, tmp_path):
+    src = tmp_path / "src"
+    (src / "notebooks").mkdir(parents=True)
+    # the label each notebook page's note links to
+    (src / "index.md").write_text(
+        "# Fixture\n\n(run-the-notebooks)=\n## Run\n\n```{toctree}\nnotebooks/page\n```\n"
+    )
+    nbformat.write(_fixture_notebook(), src / "notebooks" / "page.ipynb")
+    (src / "notebooks" / "pixel.png").write_bytes(PIXEL)
+    proc = sphinx_build(src, tmp_path / "html", DOCS_EXECUTE="0")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with serve(tmp_path / "html") as url, open_page(browser, f"{url}/notebooks/page.html") as page:
+        article = page.locator("article")
+        assert article.locator("div.admonition.note").count() == 2  # the page's label and the alert
+        assert article.locator("div.admonition.note", has_text="A GitHub-style note.").is_visible()
+        assert article.locator("div.admonition.warning", has_text="A MyST warning.").is_visible()
+        assert article.locator("table td", has_text="NUM_WORKERS").is_visible()
+        image = article.locator("img[alt='a pixel']")
+        assert image.is_visible() and image.evaluate("img => img.complete && img.naturalWidth === 1")
+        assert article.locator("div.highlight-bash span").count() > 0  # highlighted shell
+        assert article.locator("div.cell_input span.n", has_text="shown_input").is_visible()  # Python
+        text = article.inner_text()
+        assert "output of a shown cell" in text
+        assert "removed_cell_input" not in text and "removed cell output" not in text  # remove-cell
+        assert "removed_input_only" not in text  # remove-input hides the code...
+        assert "output whose input is removed" in text  # ...and keeps what it printed
+
+
+BROKEN = {
+    "cross_reference": (
+        "index.md",
+        "See {doc}`a page that does not exist <nowhere>`.\n",
+        r"unknown document: '?nowhere",
+    ),
+    "lexer": ("index.md", "```nosuchlanguage\ncode\n```\n", r"nosuchlanguage"),
+    "notebook_json": ("page.ipynb", '{"cells": [', r"page\.ipynb.*invalid notebook \(NotJSONError\)"),
+    "notebook_schema": (
+        "page.ipynb",
+        '{"cells": [{"cell_type": "code"}], "nbformat": 4, "nbformat_minor": 5}',
+        r"page\.ipynb.*invalid notebook \(ValidationError\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_warnings_fail_the_build(tmp_path, case):
+    file, text, message = BROKEN[case]
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "index.md").write_text("# Broken\n\n```{toctree}\npage\n```\n")
+    (src / "page.md").write_text("# A page\n")
+    (src / file).write_text((src / file).read_text() + text if file == "index.md" else text)
+    if file.endswith(".ipynb"):
+        (src / "page.md").unlink()
+    proc = sphinx_build(src, tmp_path / "html")
+    assert proc.returncode != 0
+    assert re.search(message, proc.stderr), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr  # a warning naming the file, not a crash
