@@ -26,6 +26,8 @@ CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DOCS_OUT := docs/_build/html
 SPHINX_OPTS := -W --keep-going -E -b html  # warnings are errors (all reported), fresh environment
+# DOCS_EXECUTE is on unless unset or 0/false/no (as docs/conf.py reads it)
+DOCS_EXECUTED := $(filter-out 0 false False FALSE no No NO,$(DOCS_EXECUTE))
 
 .PHONY: install run test docs lint clean
 
@@ -60,10 +62,10 @@ test: install $(CHROMIUM)
 
 # DOCS_EXECUTE=1 runs every notebook in smoke mode during the build (about 6 minutes on 2 cores), then
 # checks the executed pages in the browser (each shows a plot and says it comes from the smoke run).
-docs: install $(if $(filter-out 0 false,$(DOCS_EXECUTE)),$(CHROMIUM))
+docs: install $(if $(DOCS_EXECUTED),$(CHROMIUM))
 	$(NETNS) $(BIN)/python -m sphinx $(SPHINX_OPTS) docs $(DOCS_OUT)
 	@echo "Site: $(DOCS_OUT)/index.html"
-ifneq ($(filter-out 0 false,$(DOCS_EXECUTE)),)
+ifneq ($(DOCS_EXECUTED),)
 	DOCS_SITE=$(DOCS_OUT) CHROMIUM=$(CHROMIUM) $(NETNS) $(BIN)/python -m pytest tests/test_docs.py -m docs_executed
 endif
 

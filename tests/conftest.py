@@ -64,6 +64,7 @@ def no_outbound_connections():
     assert not attempts, f"outbound connection attempted (offline guard log):\n{attempts[:3000]}"
 
 
+RAY_CLI = str(Path(sys.executable).parent / "ray")  # the venv's `ray` command
 _shared_ray_address: str | None = None
 
 
@@ -92,9 +93,8 @@ def shared_ray() -> str:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        ray = str(Path(sys.executable).parent / "ray")
         subprocess.run(
-            [ray, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1"]
+            [RAY_CLI, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1"]
             + [f"--num-cpus={max(4, 2 * (os.cpu_count() or 1))}", "--include-dashboard=false"]
             + ["--disable-usage-stats"],
             check=True,
@@ -107,8 +107,7 @@ def shared_ray() -> str:
 
 def pytest_sessionfinish(session, exitstatus):
     if _shared_ray_address is not None:
-        ray = str(Path(sys.executable).parent / "ray")
-        subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=120)
+        subprocess.run([RAY_CLI, "stop", "--force"], capture_output=True, timeout=120)
 
 
 def execute(

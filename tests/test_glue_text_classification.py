@@ -5,11 +5,10 @@ Floors are set from measured smoke runs on the 2-core machine (in brackets), wel
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from conftest import execute, run_nbval
+from conftest import execute, smoke_nbval
 
 NAME = "glue_text_classification"
 
@@ -29,10 +28,7 @@ def _check_common(results: dict, task: str) -> None:
 @pytest.mark.notebook
 @pytest.mark.timeout(300)
 def test_cola_default_task_validated_cell_by_cell(tmp_path):
-    results_path = tmp_path / "results.json"
-    proc, wall = run_nbval(NAME, {"SMOKE_TEST": "1", "RESULTS_PATH": str(results_path)})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    results = json.loads(results_path.read_text())
+    results, wall = smoke_nbval(NAME, tmp_path)
     _check_common(results, "cola")
     assert set(results["eval_metrics"]) == {"matthews_correlation"}
     assert results["eval_metrics"]["matthews_correlation"] >= 0.8  # chance: 0 [1.0]
