@@ -29,7 +29,7 @@ SPHINX_OPTS := -W --keep-going -E -b html  # warnings are errors (all reported),
 # DOCS_EXECUTE is on unless unset or 0/false/no (as docs/conf.py reads it)
 DOCS_EXECUTED := $(filter-out 0 false False FALSE no No NO,$(DOCS_EXECUTE))
 
-.PHONY: install run test docs lint clean
+.PHONY: install run test docs lint clean cluster-up cluster-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +48,23 @@ $(STAMP): $(BIN)/python requirements.txt pyproject.toml
 
 install: $(STAMP)
 
+# CLUSTER=1: every notebook on a two-node Ray with checkpoints in an S3 bucket (ci/local_cluster.py), started
+# before and stopped after, also when a notebook fails; all inside the loopback-only network namespace.
 run: install
+ifneq ($(filter-out 0 false no,$(CLUSTER)),)
+	$(NETNS) $(BIN)/python ci/run_notebooks.py --cluster
+else
 	$(BIN)/python ci/run_notebooks.py
+endif
+
+# Two Ray nodes (token authentication on) and an S3 server with a bucket; writes cluster.env. By hand:
+#   make cluster-up && source cluster.env && papermill notebooks/X.ipynb out.ipynb -p SMOKE_TEST True ...
+cluster-up: install
+	$(BIN)/python ci/local_cluster.py up
+
+# Stops exactly the processes cluster-up started (never `ray stop`, which stops every Ray on the machine).
+cluster-down:
+	$(BIN)/python ci/local_cluster.py down
 
 $(CHROMIUM):
 	@command -v apt-get >/dev/null || { echo "No $(CHROMIUM): install Chromium and set CHROMIUM=/path/to/it"; exit 1; }

@@ -22,6 +22,8 @@ from .metrics import GLUE_METRICS, GlueMetric
 from .plots import plot_losses
 from .results import REQUIRED_KEYS, Stopwatch, write_results
 from .sharding import zero_partition_fraction
+from .smoke import smoke_overrides
+from .storage import check_storage_from_nodes, check_storage_path
 from .tiny_models import TINY_ARCHS, tiny_model
 from .validate import (
     ParameterError,
@@ -60,12 +62,15 @@ __all__ = [
     "check_max_positions",
     "check_positive",
     "check_resources",
+    "check_storage_from_nodes",
+    "check_storage_path",
     "check_source_available",
     "model_max_positions",
     "model_flops_utilization",
     "play_script_fixture",
     "plot_losses",
     "run_cost",
+    "smoke_overrides",
     "start_ray",
     "tiny_model",
     "write_results",

@@ -18,7 +18,16 @@ import os
 import re
 import warnings
 
-__all__ = ["start_ray", "check_resources", "ResourceRequestError", "LOG_NOISE", "RAY_ENV", "LOCAL_RAY_ENV"]
+__all__ = [
+    "start_ray",
+    "check_resources",
+    "ResourceRequestError",
+    "LOG_NOISE",
+    "RAY_ENV",
+    "LOCAL_RAY_ENV",
+    "HUB_ENV_VARS",
+    "job_runtime_env",
+]
 
 # Lines that drown the lesson and tell a learner nothing they can act on.
 LOG_NOISE = [
@@ -71,6 +80,19 @@ LOCAL_RAY_ENV = {
 # Set on every Ray worker: 16 workers' progress bars for the same small load are noise.
 WORKER_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
+# Ray does not pass the driver's environment to workers on other nodes. These Hugging Face settings,
+# where the driver has them, go to every worker with the job: the token for gated models
+# (meta-llama), where the cache lives, a mirror, and the offline switches.
+HUB_ENV_VARS = (
+    "HF_TOKEN",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+)
+
 
 class ResourceRequestError(RuntimeError):
     """Raised before `fit()` when the cluster can never run the requested workers."""
@@ -101,12 +123,29 @@ def _filter_worker_logs() -> None:
         pass
 
 
+def job_runtime_env(attach: bool) -> dict:
+    """The Ray runtime environment of a notebook's job: what every worker, on every node, gets.
+
+    - `env_vars`: `WORKER_ENV` and the driver's Hugging Face settings (`HUB_ENV_VARS`).
+    - `py_modules` (when attaching to a cluster): this `helpers` package, uploaded with the job, so
+      that training functions can import it on nodes where the project is not installed.
+    """
+    import helpers
+
+    env_vars = {**WORKER_ENV, **{v: os.environ[v] for v in HUB_ENV_VARS if v in os.environ}}
+    runtime_env: dict = {"env_vars": env_vars}
+    if attach:
+        runtime_env["py_modules"] = [helpers]
+    return runtime_env
+
+
 def start_ray(num_cpus: int | None = None, **init_kwargs) -> dict:
     """Attach to the cluster at `RAY_ADDRESS` (Anyscale, `ray start`), or start a local Ray.
 
     A local Ray gets `num_cpus` logical CPUs, by default `max(4, 2 * cores)`: enough slots
     for the training workers *and* Ray Data's tasks (the anti-deadlock setting above).
-    Returns `ray.cluster_resources()`.
+    The job's runtime environment (`job_runtime_env`) ships `helpers` and the Hub settings to
+    every worker. Returns `ray.cluster_resources()`.
     """
     import ray
 
@@ -118,9 +157,17 @@ def start_ray(num_cpus: int | None = None, **init_kwargs) -> dict:
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
         kwargs.update(init_kwargs)
-        runtime_env = kwargs.setdefault("runtime_env", {})
-        runtime_env["env_vars"] = {**WORKER_ENV, **runtime_env.get("env_vars", {})}
-        if os.environ.get("RAY_ADDRESS"):
+        attach = bool(os.environ.get("RAY_ADDRESS"))
+        runtime_env = {**job_runtime_env(attach), **kwargs.get("runtime_env", {})}
+        runtime_env["env_vars"] = {
+            **job_runtime_env(attach)["env_vars"],
+            **kwargs.get("runtime_env", {}).get("env_vars", {}),
+        }
+        kwargs["runtime_env"] = runtime_env
+        forwarded = sorted(v for v in runtime_env["env_vars"] if v in HUB_ENV_VARS)
+        if forwarded:
+            print(f"Sent to every worker with the job: {', '.join(forwarded)}")
+        if attach:
             ray.init(**kwargs)
         else:
             cores = os.cpu_count() or 1

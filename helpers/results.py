@@ -26,12 +26,21 @@ class Stopwatch:
         return round(time.perf_counter() - self.start, 2)
 
 
+def _is_folder(path: str) -> bool:
+    if "://" not in str(path):
+        return Path(path).is_dir()
+    import pyarrow.fs as pafs
+
+    fs, fs_path = pafs.FileSystem.from_uri(path)
+    return fs.get_file_info(pafs.FileSelector(fs_path, allow_not_found=True)) != []
+
+
 def write_results(path: str, **results) -> dict | None:
     """Write `results` as JSON to `path` (nothing when `path` is empty); return what was written.
 
     Checks the keys every notebook promises (`REQUIRED_KEYS`), that the losses are finite
-    numbers and that `checkpoint_path` is an existing folder, so a broken run cannot write a
-    results file that looks fine.
+    numbers and that `checkpoint_path` (a folder, or a URI such as `s3://bucket/...`) exists, so a
+    broken run cannot write a results file that looks fine.
     """
     if not path:
         return None
@@ -41,7 +50,7 @@ def write_results(path: str, **results) -> dict | None:
     losses = [float(x) for x in results["losses"]]
     if not losses or not all(math.isfinite(x) for x in losses):
         raise ValueError(f"losses must be a non-empty list of finite numbers, got {losses[:5]}...")
-    if not Path(results["checkpoint_path"]).is_dir():
+    if not _is_folder(results["checkpoint_path"]):
         raise FileNotFoundError(f"checkpoint_path {results['checkpoint_path']!r} is not a folder")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

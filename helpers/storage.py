@@ -1,0 +1,127 @@
+"""`STORAGE_PATH`: a local or NFS folder, or a bucket, checked before any GPU time is spent.
+
+Used by the "Check the parameters" and "Start Ray" cells of the GPT-2, Dolly, Llama and GLUE notebooks,
+and by their result cells (`uri`), so that the same code reads checkpoints from a folder or a bucket.
+
+Ray Train resolves `STORAGE_PATH` with `pyarrow.fs.FileSystem.from_uri`; so do these checks, so
+that they see what Ray will see. For an S3-compatible store other than AWS, the standard AWS
+variables set the endpoint and keys (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from .validate import ParameterError
+
+__all__ = ["check_storage_path", "check_storage_from_nodes", "uri", "is_uri"]
+
+SCHEMES = "a local or NFS folder, s3://bucket/prefix, gs://bucket/prefix or hdfs://host/path"
+
+
+def is_uri(path: str) -> bool:
+    return "://" in str(path)
+
+
+def _write_probe(fs, path: str) -> None:
+    """Create `path` and write, read back and delete one small object there."""
+    fs.create_dir(path, recursive=True)
+    probe = f"{path.rstrip('/')}/.write-check-{uuid.uuid4().hex[:8]}"
+    with fs.open_output_stream(probe) as f:
+        f.write(b"ok")
+    with fs.open_input_stream(probe) as f:
+        assert f.read() == b"ok"
+    fs.delete_file(probe)
+
+
+def check_storage_path(name: str, value: str) -> str:
+    """The storage must be a folder or bucket this process can write to; else `ParameterError`.
+
+    A folder: its nearest existing parent must be writable (nothing is created). A URI: the scheme must
+    be one pyarrow (and so Ray Train) knows, the bucket must exist, and a small test object is
+    written and deleted, which proves the endpoint, the credentials and the permissions at once.
+    """
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    if not isinstance(value, str) or not value:
+        raise ParameterError(f"{name}={value!r}: must be {SCHEMES}.")
+    if not is_uri(value) or value.startswith("file://"):
+        folder = Path(value.removeprefix("file://")).expanduser().absolute()
+        parent = next(p for p in [folder, *folder.parents] if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise ParameterError(f"{name}={value!r}: {parent} is not a folder this process can write to.")
+        return value
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") if value.startswith("s3://") else None
+    where = f" at {endpoint} (AWS_ENDPOINT_URL)" if endpoint else ""
+    bucket = value.split("://", 1)[1].split("/", 1)[0]
+    try:
+        fs, path = pafs.FileSystem.from_uri(value)
+        info = fs.get_file_info(bucket)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise ParameterError(f"{name}={value!r}: unsupported storage ({exc}). Use {SCHEMES}.") from None
+    except OSError as exc:
+        raise ParameterError(
+            f"{name}={value!r}: cannot reach the bucket {bucket!r}{where}: {exc}. Check the endpoint, "
+            "the network and the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for S3)."
+        ) from None
+    if info.type == pafs.FileType.NotFound:
+        raise ParameterError(
+            f"{name}={value!r}: the bucket {bucket!r} does not exist{where}. Create it, or fix the name."
+        )
+    try:
+        _write_probe(fs, path)
+    except OSError as exc:
+        raise ParameterError(f"{name}={value!r}: cannot write to it{where}: {exc}.") from None
+    return value
+
+
+def check_storage_from_nodes(name: str, value: str) -> int:
+    """Write and delete a test object in `value` from every node of the Ray cluster; return how many nodes.
+
+    Checkpoints are written by the workers, not by the notebook, and Ray does not send the driver's
+    environment to them: a node without the bucket's credentials (instance credentials on a real
+    cluster, the AWS_* variables here) fails only when its first checkpoint is uploaded, minutes or
+    hours in. This finds it before `fit()`. A local folder is not checked (it is the same disk only on
+    one machine, or on NFS).
+    """
+    if not is_uri(value) or value.startswith("file://"):
+        return 0
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def probe(uri: str) -> str | None:
+        import pyarrow.fs as pafs
+
+        try:
+            fs, path = pafs.FileSystem.from_uri(uri)
+            _write_probe(fs, path)
+        except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0]
+    refs = {
+        n["NodeManagerAddress"] + " " + n["NodeID"][:8]: probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(value)
+        for n in nodes
+    }
+    failed = {node: error for node, error in zip(refs, ray.get(list(refs.values())), strict=True) if error}
+    if failed:
+        lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())
+        raise ParameterError(
+            f"{name}={value!r}: {len(failed)} of {len(nodes)} Ray nodes cannot write there ({lines}). "
+            "Workers write the checkpoints, so every node needs the bucket's credentials: instance "
+            "credentials, or the AWS_* variables in each node's environment when it was started."
+        )
+    return len(nodes)
+
+
+def uri(filesystem, path: str) -> str:
+    """A path on a pyarrow filesystem (`checkpoint.filesystem`, `checkpoint.path`) as a URI or local path."""
+    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(filesystem.type_name)
+    return f"{scheme}://{path}" if scheme else path
