@@ -71,7 +71,11 @@ RAY_ENV = {
 # actor only costs start-up time; Ray Data's parquet reader starts 32 footer-reading actors per
 # `read_parquet`, sized for a cluster reading thousands of remote files, where one is enough on
 # 2 cores (reading a small split took 8-10 s with 32 and 2-3 s with 1, measured here).
+# Ray Train's controller collects the workers' reports (and checkpoints) when it polls them, every 2 s by
+# default: a worker killed within that time of a report loses that checkpoint. Smoke runs are seconds
+# long, so a laptop's Ray polls every 0.5 s.
 LOCAL_RAY_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_TRAIN_METRICS_ENABLED": "0",
     "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "1",

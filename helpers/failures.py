@@ -20,6 +20,14 @@ class RunLog:
     def __init__(self) -> None:
         self.attempts: list[dict] = []  # each: {"resumed_from": step, "losses": {step: loss}}
         self.killed_at: int | None = None
+        self._notes: dict = {}
+
+    def note(self, key: str, value) -> None:
+        """Keep a small fact of the run (e.g. where the workers ran) for the notebook to read."""
+        self._notes[key] = value
+
+    def notes(self) -> dict:
+        return dict(self._notes)
 
     def start_attempt(self, resumed_from_step: int) -> int:
         self.attempts.append({"resumed_from": int(resumed_from_step), "losses": {}})
