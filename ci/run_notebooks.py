@@ -3,6 +3,10 @@
 Writes runs/<timestamp>/ with each executed notebook, its results JSON, and summary.md /
 summary.json (per notebook: ok or failed, wall seconds, final loss or metric). Prints the folder.
 Smoke mode needs no network, so the Hugging Face libraries are told to stay offline.
+
+`--cluster` (`make run CLUSTER=1`): start the local cluster first (ci/local_cluster.py: two Ray nodes,
+an S3 bucket), run every notebook on it with `STORAGE_PATH` in the bucket, and stop it at the end,
+also when a notebook fails or the run is interrupted.
 """
 
 from __future__ import annotations
@@ -27,11 +31,31 @@ def final_number(results: dict) -> str:
 
 
 def main() -> int:
+    if "--cluster" in sys.argv[1:]:
+        sys.path.insert(0, str(ROOT / "ci"))
+        import local_cluster
+
+        state, env_file = ROOT / ".cluster-run", ROOT / ".cluster-run" / "cluster.env"
+        local_cluster.down(state, env_file, quiet=True)  # left over from an interrupted run
+        start = time.perf_counter()
+        driver = local_cluster.up(state, env_file)
+        print(
+            f"Cluster up in {time.perf_counter() - start:.0f} s: 2 Ray nodes, bucket {driver['STORAGE_PATH']}"
+        )
+        os.environ.update(driver)
+        try:
+            return run(tag="cluster")
+        finally:
+            local_cluster.down(state, env_file)
+    return run()
+
+
+def run(tag: str = "") -> int:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(var, "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("MPLBACKEND", "Agg")
-    run_dir = ROOT / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    run_dir = ROOT / "runs" / (time.strftime("%Y%m%d-%H%M%S") + (f"-{tag}" if tag else ""))
     run_dir.mkdir(parents=True)
     rows = []
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):

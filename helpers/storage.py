@@ -56,6 +56,8 @@ def check_storage_path(name: str, value: str) -> str:
         return value
     endpoint = os.environ.get("AWS_ENDPOINT_URL") if value.startswith("s3://") else None
     where = f" at {endpoint} (AWS_ENDPOINT_URL)" if endpoint else ""
+    if "endpoint_override=" in value:
+        where = f" at {value.split('endpoint_override=', 1)[1].split('&', 1)[0]} (endpoint_override)"
     bucket = value.split("://", 1)[1].split("/", 1)[0]
     try:
         fs, path = pafs.FileSystem.from_uri(value)

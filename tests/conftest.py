@@ -36,7 +36,8 @@ os.environ.update(
     PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "ci" / "offline"), os.environ.get("PYTHONPATH")])),
 )
 os.environ.setdefault("LLM_NOTEBOOKS_CACHE", str(ROOT / ".cache" / "test"))
-os.environ.pop("RAY_ADDRESS", None)  # never a cluster from outside: the shared one below, or none
+for _var in ("RAY_ADDRESS", "STORAGE_PATH", "AWS_ENDPOINT_URL", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+    os.environ.pop(_var, None)  # never a cluster or bucket from outside: the test cluster below, or none
 os.environ.pop("SMOKE_TEST", None)  # each test says which mode it runs
 
 sys.path.insert(0, str(ROOT / "ci" / "offline"))
@@ -64,50 +65,37 @@ def no_outbound_connections():
     assert not attempts, f"outbound connection attempted (offline guard log):\n{attempts[:3000]}"
 
 
-RAY_CLI = str(Path(sys.executable).parent / "ray")  # the venv's `ray` command
-_shared_ray_address: str | None = None
+sys.path.insert(0, str(ROOT / "ci"))
+import local_cluster  # noqa: E402
+
+CLUSTER_DIR = ARTIFACTS / "cluster"
+_cluster: dict | None = None
 
 
-def shared_ray() -> str:
-    """Start (once per session) the local Ray cluster that every notebook run attaches to.
+def cluster() -> dict:
+    """Start (once per session) the test cluster every notebook runs on; return the driver's variables.
 
-    A notebook that starts its own Ray pays for it every run: Ray's processes, then Ray Train's
-    system actors (about 10 s a run on 2 cores, measured here). Attached through `RAY_ADDRESS`,
-    as on a workspace's cluster, the runs share one. It is set up like `helpers.start_ray`'s local
-    Ray: the same logical CPUs (the Ray Data anti-deadlock setting) and environment.
+    The cluster `make cluster-up` starts (ci/local_cluster.py): two Ray nodes, each with its own raylet
+    and object store, with token authentication on, and an S3 server with a bucket. The notebooks attach
+    to it through `RAY_ADDRESS` and the token, and keep their checkpoints in the bucket (`STORAGE_PATH`).
+    It is stopped at the end of the session by the process ids it recorded (never `ray stop`, which
+    would stop every Ray on the machine).
     """
-    global _shared_ray_address
-    if _shared_ray_address is None:
-        import socket
-
-        from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
-
-        for var, value in {**RAY_ENV, **LOCAL_RAY_ENV}.items():
-            os.environ.setdefault(var, value)
-        # `ray start` turns on token authentication, and every client would need the token; a cluster
-        # on loopback inside the test's network namespace has nobody to keep out.
-        os.environ["RAY_AUTH_MODE"] = "disabled"
-        # With usage stats disabled, a cluster started by `ray start` (not `ray.init`) still sends one
-        # "disabled" report to usage-stats.ray.io; the offline guard caught it. Send it to loopback.
-        os.environ["RAY_USAGE_STATS_REPORT_URL"] = "http://127.0.0.1:9/"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        subprocess.run(
-            [RAY_CLI, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1"]
-            + [f"--num-cpus={max(4, 2 * (os.cpu_count() or 1))}", "--include-dashboard=false"]
-            + ["--disable-usage-stats"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        _shared_ray_address = f"127.0.0.1:{port}"
-    return _shared_ray_address
+    global _cluster
+    if _cluster is None:
+        local_cluster.down(CLUSTER_DIR, CLUSTER_DIR / "cluster.env", quiet=True)  # a session that was cut off
+        _cluster = local_cluster.up(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
+    return _cluster
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _shared_ray_address is not None:
-        subprocess.run([RAY_CLI, "stop", "--force"], capture_output=True, timeout=120)
+    if _cluster is not None:
+        local_cluster.down(CLUSTER_DIR, CLUSTER_DIR / "cluster.env", quiet=True)
+
+
+def notebook_env() -> dict:
+    """What a notebook's kernel gets: the cluster's variables, as after `source cluster.env`."""
+    return {**os.environ, **cluster()}
 
 
 def execute(
@@ -120,7 +108,8 @@ def execute(
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / f"{name}-{tag}.json"
     results_path.unlink(missing_ok=True)
-    os.environ["RAY_ADDRESS"] = shared_ray()  # the kernel inherits it
+    saved = dict(os.environ)
+    os.environ.update(cluster())  # the kernel inherits them
     start = time.perf_counter()
     error = None
     try:
@@ -136,7 +125,8 @@ def execute(
     except Exception as exc:  # noqa: BLE001 - returned to the test, which asserts on it
         error = exc
     finally:
-        os.environ.pop("RAY_ADDRESS", None)
+        os.environ.clear()
+        os.environ.update(saved)
     wall = time.perf_counter() - start
     results = json.loads(results_path.read_text()) if results_path.exists() else None
     return results, wall, error
@@ -144,7 +134,6 @@ def execute(
 
 def run_nbval(name: str, env: dict, timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:
     """Validate notebooks/<name>.ipynb cell by cell with nbval (lax: no stored outputs to compare)."""
-    address = shared_ray()
     start = time.perf_counter()
     proc = subprocess.run(
         [
@@ -160,7 +149,7 @@ def run_nbval(name: str, env: dict, timeout: int = 600) -> tuple[subprocess.Comp
             str(NOTEBOOKS),
             str(NOTEBOOKS / f"{name}.ipynb"),
         ],
-        env={**os.environ, "RAY_ADDRESS": address, **env},
+        env={**notebook_env(), **env},
         cwd=str(NOTEBOOKS),
         capture_output=True,
         text=True,
@@ -180,3 +169,41 @@ def smoke_nbval(name: str, results_dir: Path) -> tuple[dict, float]:
     proc, wall = run_nbval(name, {"SMOKE_TEST": "1", "RESULTS_PATH": str(results)})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads(results.read_text()), wall
+
+
+def fetch(uri: str, dest: Path) -> Path:
+    """Copy a checkpoint folder (or file) from the bucket (or a local path) to `dest`; return `dest`."""
+    import pyarrow.fs as pafs
+
+    fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    else:
+        dest.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return dest
+
+
+def listing(uri: str) -> list[str]:
+    """The object names under `uri`, relative to it (recursive)."""
+    import pyarrow.fs as pafs
+
+    fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    return sorted(i.path[len(path) :].lstrip("/") for i in infos if i.type == pafs.FileType.File)
+
+
+def check_cluster_run(results: dict, kill_at: int | None, resumed_from: int | None, tolerance: float) -> None:
+    """What every notebook must show on the cluster: two nodes, a bucket, one real restart that replays."""
+    ids = results["worker_node_ids"]
+    assert len(ids) == 2 and len(set(ids)) == 2, f"workers not on two Ray nodes: {ids}"
+    assert results["checkpoint_path"].startswith("s3://"), results["checkpoint_path"]
+    assert listing(results["checkpoint_path"]), "the reported checkpoint is not in the bucket"
+    if kill_at is None:
+        assert results["kill"] is None
+        return
+    kill = results["kill"]
+    assert kill["at_step"] == kill_at and kill["restarts"] == 1, kill
+    assert kill["resumed_from_step"] == resumed_from, kill
+    assert kill["replayed_steps"] and kill["replayed_max_abs_diff"] <= tolerance, kill

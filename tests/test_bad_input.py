@@ -37,6 +37,21 @@ CASES = {
         "ParameterError",
         ["DATASET_NAME='no-such-org/no-such-dataset'", "offline"],
     ),
+    "unsupported_storage": (
+        {"SMOKE_TEST": True, "STORAGE_PATH": "ftp://example.org/runs"},
+        "ParameterError",
+        ["STORAGE_PATH='ftp://example.org/runs'", "s3://", "unsupported"],
+    ),
+    "missing_bucket": (
+        {"SMOKE_TEST": True, "STORAGE_PATH": "s3://no-such-bucket/runs"},
+        "ParameterError",
+        ["STORAGE_PATH='s3://no-such-bucket/runs'", "does not exist", "AWS_ENDPOINT_URL"],
+    ),
+    "kill_without_rank_1": (
+        {"SMOKE_TEST": True, "NUM_WORKERS": 1, "KILL_WORKER_AT_STEP": 5},
+        "ParameterError",
+        ["KILL_WORKER_AT_STEP=5", "NUM_WORKERS >= 2"],
+    ),
     "gpus_that_do_not_exist": (
         {
             "NUM_WORKERS": 16,
@@ -140,6 +155,15 @@ _LLAMA_CPU = {"MODEL_NAME": _tiny_llama, "USE_GPU": False, "USE_FLASH_ATTN": Fal
 LLAMA_CASES = {
     "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
     "save_steps_0": ({"SMOKE_TEST": True, "SAVE_STEPS": 0}, "ParameterError", ["SAVE_STEPS=0", "at least 1"]),
+    "unreachable_bucket": (
+        # The bucket's endpoint is a closed port: the check names what it tried, within seconds.
+        {
+            "SMOKE_TEST": True,
+            "STORAGE_PATH": "s3://llm-notebooks/runs?endpoint_override=127.0.0.1:9&scheme=http",
+        },
+        "ParameterError",
+        ["STORAGE_PATH='s3://llm-notebooks/runs?endpoint_override=127.0.0.1:9", "cannot reach"],
+    ),
     "max_seq_len_too_long": (
         {**_LLAMA_CPU, "MAX_SEQ_LEN": 4096},
         "ParameterError",
