@@ -36,6 +36,26 @@ def _write_probe(fs, path: str) -> None:
     fs.delete_file(probe)
 
 
+def _check_endpoint_answers(name: str, value: str, where: str) -> None:
+    """A custom S3 endpoint that does not accept connections fails in seconds (pyarrow retries for 15 s)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    endpoint = None
+    if "endpoint_override=" in value:
+        endpoint = value.split("endpoint_override=", 1)[1].split("&", 1)[0]
+    elif value.startswith("s3://") and os.environ.get("AWS_ENDPOINT_URL"):
+        endpoint = os.environ["AWS_ENDPOINT_URL"]
+    if not endpoint:
+        return  # AWS itself, or another store: pyarrow's own errors say what failed
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=5).close()
+    except OSError as exc:
+        raise ParameterError(f"{name}={value!r}: cannot reach the bucket's endpoint{where}: {exc}.") from None
+
+
 def check_storage_path(name: str, value: str) -> str:
     """The storage must be a folder or bucket this process can write to; else `ParameterError`.
 
@@ -59,6 +79,7 @@ def check_storage_path(name: str, value: str) -> str:
     if "endpoint_override=" in value:
         where = f" at {value.split('endpoint_override=', 1)[1].split('&', 1)[0]} (endpoint_override)"
     bucket = value.split("://", 1)[1].split("/", 1)[0]
+    _check_endpoint_answers(name, value, where)
     try:
         fs, path = pafs.FileSystem.from_uri(value)
         info = fs.get_file_info(bucket)

@@ -85,6 +85,8 @@ def cluster() -> dict:
     if _cluster is None:
         local_cluster.down(CLUSTER_DIR, CLUSTER_DIR / "cluster.env", quiet=True)  # a session that was cut off
         _cluster = local_cluster.up(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
+        # The tests read the bucket too (listing, fetch): its endpoint and keys, as for any S3 client.
+        os.environ.update({k: v for k, v in _cluster.items() if k.startswith("AWS_")})
     return _cluster
 
 
@@ -171,17 +173,35 @@ def smoke_nbval(name: str, results_dir: Path) -> tuple[dict, float]:
     return json.loads(results.read_text()), wall
 
 
+# Ray Train reads checkpoints in 64 MB chunks too. With pyarrow's default of 1 MB, moto (which reads a whole
+# object for every ranged GET) took 93 s for the Llama run's 620 MB of shards; 64 MB: a few seconds.
+CHUNK = 64 * 1024 * 1024
+
+
 def fetch(uri: str, dest: Path) -> Path:
     """Copy a checkpoint folder (or file) from the bucket (or a local path) to `dest`; return `dest`."""
     import pyarrow.fs as pafs
 
+    cluster()
     fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
     if fs.get_file_info(path).type == pafs.FileType.File:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        pafs.copy_files(
+            path,
+            str(dest),
+            source_filesystem=fs,
+            destination_filesystem=pafs.LocalFileSystem(),
+            chunk_size=CHUNK,
+        )
     else:
         dest.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        pafs.copy_files(
+            path,
+            str(dest),
+            source_filesystem=fs,
+            destination_filesystem=pafs.LocalFileSystem(),
+            chunk_size=CHUNK,
+        )
     return dest
 
 
@@ -189,6 +209,7 @@ def listing(uri: str) -> list[str]:
     """The object names under `uri`, relative to it (recursive)."""
     import pyarrow.fs as pafs
 
+    cluster()
     fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     return sorted(i.path[len(path) :].lstrip("/") for i in infos if i.type == pafs.FileType.File)

@@ -40,10 +40,12 @@ def test_cola_default_task_validated_cell_by_cell(tmp_path):
 
 @pytest.mark.notebook
 @pytest.mark.timeout(300)
+# sst2 (single sentence, 2 labels, accuracy; 1.0 measured against a floor of 0.9) is the shape cola already
+# runs, and its accuracy metric is mnli-mm's: dropped from the suite when the notebook runs moved to the
+# two-node cluster (60 s a run there). `papermill ... -p TASK sst2` still runs it.
 @pytest.mark.parametrize(
     "task, floors, split",
     [
-        ("sst2", {"accuracy": 0.9}, "validation"),  # chance 0.5 [1.0]
         ("stsb", {"pearson": 0.8, "spearmanr": 0.8}, "validation"),  # regression, chance 0 [0.96, 0.94]
         ("mnli-mm", {"accuracy": 0.5}, "validation_mismatched"),  # 3 classes, chance 0.33 [0.68]
     ],

@@ -18,8 +18,8 @@ SMOKE_MODEL = dict(
     num_key_value_heads=16,
     dtype="bfloat16",
 )
-MAX_STEPS, SAVE_STEPS, KILL_AT = 24, 8, 12
-# Steps 9-11 run twice and repeat their losses bit for bit (measured: 0.0); see test_gpt2_deepspeed.
+MAX_STEPS, SAVE_STEPS, KILL_AT = 24, 12, 16
+# Steps 13-15 run twice and repeat their losses bit for bit (measured: 0.0); see test_gpt2_deepspeed.
 REPLAY_TOLERANCE = 1e-4
 # First three step losses of the default smoke run (seed 42, bf16 compute, 2 CPU workers) on the 2-core
 # CPU machine; each is the mean over both workers. ln(vocabulary of 516) = 6.25 for random weights.
@@ -65,7 +65,7 @@ def test_fsdp2_really_shards(smoke_run):
 def test_resumes_from_the_sharded_checkpoint(smoke_run):
     results, _ = smoke_run
     check_cluster_run(results, KILL_AT, SAVE_STEPS, REPLAY_TOLERANCE)
-    # The rank-1 process died before step 12; the last checkpoint before it was step 8.
+    # The rank-1 process died before step 16; the last checkpoint before it was step 12.
     assert results["resumed_from_step"] == SAVE_STEPS
     first, second = (
         {int(s): loss for s, loss in attempt["losses"].items()} for attempt in results["attempts"]
