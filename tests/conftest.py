@@ -101,17 +101,23 @@ def notebook_env() -> dict:
 
 
 def execute(
-    name: str, parameters: dict, tag: str, timeout: int = 600
+    name: str, parameters: dict, tag: str, timeout: int = 600, set_env: bool = True
 ) -> tuple[dict | None, float, Exception | None]:
-    """Run notebooks/<name>.ipynb with papermill; return (results JSON, wall seconds, error)."""
+    """Run notebooks/<name>.ipynb with papermill; return (results JSON, wall seconds, error).
+
+    `set_env=False`: the caller has set the cluster's variables in `os.environ` already (and runs
+    several of these at once, which must not change the environment under each other).
+    """
     import papermill
 
     out_dir = ARTIFACTS / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / f"{name}-{tag}.json"
     results_path.unlink(missing_ok=True)
+    driver = cluster()  # first, so that the bucket variables it sets survive the restore below
     saved = dict(os.environ)
-    os.environ.update(cluster())  # the kernel inherits them
+    if set_env:
+        os.environ.update(driver)  # the kernel inherits them
     start = time.perf_counter()
     error = None
     try:
@@ -127,8 +133,9 @@ def execute(
     except Exception as exc:  # noqa: BLE001 - returned to the test, which asserts on it
         error = exc
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        if set_env:
+            os.environ.clear()
+            os.environ.update(saved)
     wall = time.perf_counter() - start
     results = json.loads(results_path.read_text()) if results_path.exists() else None
     return results, wall, error

@@ -1,4 +1,4 @@
-"""GLUE notebook in smoke mode: HF Trainer on 2 Ray workers (DDP over gloo) learns every task shape.
+"""GLUE notebook in smoke mode on the test cluster: HF Trainer on 2 Ray workers (DDP over gloo) on 2 nodes.
 
 Floors are set from measured smoke runs on the 2-core machine (in brackets), well above chance.
 """
