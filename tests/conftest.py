@@ -85,9 +85,12 @@ def cluster() -> dict:
     if _cluster is None:
         local_cluster.down(CLUSTER_DIR, CLUSTER_DIR / "cluster.env", quiet=True)  # a session that was cut off
         _cluster = local_cluster.up(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
-        # The tests read the bucket too (listing, fetch): its endpoint and keys, as for any S3 client.
-        os.environ.update({k: v for k, v in _cluster.items() if k.startswith("AWS_")})
     return _cluster
+
+
+def _bucket_env() -> None:
+    """The tests read the bucket too (listing, fetch): its endpoint and keys, as for any S3 client."""
+    os.environ.update({k: v for k, v in cluster().items() if k.startswith("AWS_")})
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -114,7 +117,7 @@ def execute(
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / f"{name}-{tag}.json"
     results_path.unlink(missing_ok=True)
-    driver = cluster()  # first, so that the bucket variables it sets survive the restore below
+    driver = cluster()
     saved = dict(os.environ)
     if set_env:
         os.environ.update(driver)  # the kernel inherits them
@@ -189,7 +192,7 @@ def fetch(uri: str, dest: Path) -> Path:
     """Copy a checkpoint folder (or file) from the bucket (or a local path) to `dest`; return `dest`."""
     import pyarrow.fs as pafs
 
-    cluster()
+    _bucket_env()
     fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
     if fs.get_file_info(path).type == pafs.FileType.File:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +219,7 @@ def listing(uri: str) -> list[str]:
     """The object names under `uri`, relative to it (recursive)."""
     import pyarrow.fs as pafs
 
-    cluster()
+    _bucket_env()
     fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     return sorted(i.path[len(path) :].lstrip("/") for i in infos if i.type == pafs.FileType.File)
