@@ -22,6 +22,14 @@ def test_smoke_mode_replaces_defaults_and_keeps_what_was_passed(capsys):
     assert "'s3://my-bucket/runs'" in out
 
 
+def test_smoke_mode_keeps_a_default_value_that_papermill_passed(monkeypatch):
+    # `-p KILL_WORKER_AT_STEP 0` equals the full-scale default, and still means "no kill, please".
+    monkeypatch.setattr(helpers.smoke, "papermill_parameters", lambda: {"KILL_WORKER_AT_STEP"})
+    namespace = {"KILL_WORKER_AT_STEP": 0, "NUM_WORKERS": 16}
+    table = {"KILL_WORKER_AT_STEP": (0, 40), "NUM_WORKERS": (16, 2)}
+    assert helpers.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2}
+
+
 def test_run_log_summarises_a_kill_and_its_replay():
     log = RunLog()
     log.start_attempt(0)

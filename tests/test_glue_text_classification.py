@@ -28,10 +28,11 @@ def _check_common(results: dict, task: str, evaluations: int = 5) -> None:
 @pytest.mark.timeout(300)
 def test_cola_default_task_validated_cell_by_cell(tmp_path):
     results, wall = smoke_nbval(NAME, tmp_path)
-    # Killed at step 40 (3rd epoch of 16 steps); the Trainer resumed from the step-32 checkpoint, not from 0,
-    # and evaluated the restored epoch again. Its one logged step inside the replay (36, the mean loss of
-    # steps 33-36) differed by 0.0016 (measured); the floor is 0.01, well below a logging interval's change.
-    check_cluster_run(results, kill_at=40, resumed_from=32, tolerance=0.01)
+    # Killed at step 44 (3rd epoch of 16 steps); the Trainer resumed from the step-32 checkpoint, not from 0,
+    # and evaluated the restored epoch again. Logged losses of replayed steps (each the mean of 4 steps)
+    # differed by 0.0016-0.0045 (measured in three runs); the bound, 0.01, is well below a logging
+    # interval's change of loss (0.1 at that point).
+    check_cluster_run(results, kill_at=44, resumed_from=32, tolerance=0.01)
     _check_common(results, "cola", evaluations=6)
     assert set(results["eval_metrics"]) == {"matthews_correlation"}
     assert results["eval_metrics"]["matthews_correlation"] >= 0.8  # chance: 0 [1.0]
