@@ -162,11 +162,8 @@ def start_ray(num_cpus: int | None = None, **init_kwargs) -> dict:
         kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
         kwargs.update(init_kwargs)
         attach = bool(os.environ.get("RAY_ADDRESS"))
-        runtime_env = {**job_runtime_env(attach), **kwargs.get("runtime_env", {})}
-        runtime_env["env_vars"] = {
-            **job_runtime_env(attach)["env_vars"],
-            **kwargs.get("runtime_env", {}).get("env_vars", {}),
-        }
+        job, given = job_runtime_env(attach), kwargs.get("runtime_env", {})
+        runtime_env = {**job, **given, "env_vars": {**job["env_vars"], **given.get("env_vars", {})}}
         kwargs["runtime_env"] = runtime_env
         forwarded = sorted(v for v in runtime_env["env_vars"] if v in HUB_ENV_VARS)
         if forwarded:

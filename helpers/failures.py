@@ -78,14 +78,14 @@ def run_log():
     return ray.remote(num_cpus=0)(RunLog).remote()
 
 
-def check_kill_step(name: str, value, num_workers: int, total_steps: int) -> int:
-    """`KILL_WORKER_AT_STEP`: 0 (off) or a step of the run, with a rank 1 to kill."""
+def check_kill_step(name: str, value, num_workers: int, total_steps: int | None = None) -> int:
+    """`KILL_WORKER_AT_STEP`: 0 (off) or a step of the run (when `total_steps` is known), with a rank 1 to kill."""
     from .validate import ParameterError, check_int
 
     check_int(name, value, minimum=0)
     if value and num_workers < 2:
         raise ParameterError(f"{name}={value}: kills the rank-1 worker, so it needs NUM_WORKERS >= 2.")
-    if value > total_steps:
+    if total_steps is not None and value > total_steps:
         raise ParameterError(
             f"{name}={value}: the run has only {total_steps} steps; use 0 (off) or 1..{total_steps}."
         )

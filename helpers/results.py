@@ -27,7 +27,9 @@ class Stopwatch:
 
 
 def _is_folder(path: str) -> bool:
-    if "://" not in str(path):
+    from .storage import is_uri
+
+    if not is_uri(path):
         return Path(path).is_dir()
     import pyarrow.fs as pafs
 

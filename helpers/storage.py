@@ -36,18 +36,20 @@ def _write_probe(fs, path: str) -> None:
     fs.delete_file(probe)
 
 
-def _check_endpoint_answers(name: str, value: str, where: str) -> None:
+def _custom_endpoint(value: str) -> tuple[str, str] | None:
+    """`(endpoint, where it was set)` for an S3 URI with its own endpoint; None for AWS itself or another store."""
+    if "endpoint_override=" in value:
+        return value.split("endpoint_override=", 1)[1].split("&", 1)[0], "endpoint_override"
+    if value.startswith("s3://") and os.environ.get("AWS_ENDPOINT_URL"):
+        return os.environ["AWS_ENDPOINT_URL"], "AWS_ENDPOINT_URL"
+    return None
+
+
+def _check_endpoint_answers(name: str, value: str, endpoint: str, where: str) -> None:
     """A custom S3 endpoint that does not accept connections fails in seconds (pyarrow retries for 15 s)."""
     import socket
     from urllib.parse import urlsplit
 
-    endpoint = None
-    if "endpoint_override=" in value:
-        endpoint = value.split("endpoint_override=", 1)[1].split("&", 1)[0]
-    elif value.startswith("s3://") and os.environ.get("AWS_ENDPOINT_URL"):
-        endpoint = os.environ["AWS_ENDPOINT_URL"]
-    if not endpoint:
-        return  # AWS itself, or another store: pyarrow's own errors say what failed
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
@@ -74,12 +76,11 @@ def check_storage_path(name: str, value: str) -> str:
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise ParameterError(f"{name}={value!r}: {parent} is not a folder this process can write to.")
         return value
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") if value.startswith("s3://") else None
-    where = f" at {endpoint} (AWS_ENDPOINT_URL)" if endpoint else ""
-    if "endpoint_override=" in value:
-        where = f" at {value.split('endpoint_override=', 1)[1].split('&', 1)[0]} (endpoint_override)"
+    custom = _custom_endpoint(value)
+    where = f" at {custom[0]} ({custom[1]})" if custom else ""
+    if custom:  # pyarrow's errors do not name it; AWS itself or another store: theirs say what failed
+        _check_endpoint_answers(name, value, custom[0], where)
     bucket = value.split("://", 1)[1].split("/", 1)[0]
-    _check_endpoint_answers(name, value, where)
     try:
         fs, path = pafs.FileSystem.from_uri(value)
         info = fs.get_file_info(bucket)

@@ -188,30 +188,24 @@ def smoke_nbval(name: str, results_dir: Path) -> tuple[dict, float]:
 CHUNK = 64 * 1024 * 1024
 
 
+def _filesystem(uri: str):
+    """(pyarrow filesystem, path) for a URI in the test bucket or a local path."""
+    import pyarrow.fs as pafs
+
+    _bucket_env()
+    return pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
+
+
 def fetch(uri: str, dest: Path) -> Path:
     """Copy a checkpoint folder (or file) from the bucket (or a local path) to `dest`; return `dest`."""
     import pyarrow.fs as pafs
 
-    _bucket_env()
-    fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
-    if fs.get_file_info(path).type == pafs.FileType.File:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(
-            path,
-            str(dest),
-            source_filesystem=fs,
-            destination_filesystem=pafs.LocalFileSystem(),
-            chunk_size=CHUNK,
-        )
-    else:
-        dest.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(
-            path,
-            str(dest),
-            source_filesystem=fs,
-            destination_filesystem=pafs.LocalFileSystem(),
-            chunk_size=CHUNK,
-        )
+    fs, path = _filesystem(uri)
+    is_file = fs.get_file_info(path).type == pafs.FileType.File
+    (dest.parent if is_file else dest).mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(
+        path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem(), chunk_size=CHUNK
+    )
     return dest
 
 
@@ -219,8 +213,7 @@ def listing(uri: str) -> list[str]:
     """The object names under `uri`, relative to it (recursive)."""
     import pyarrow.fs as pafs
 
-    _bucket_env()
-    fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else str(Path(uri).absolute()))
+    fs, path = _filesystem(uri)
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     return sorted(i.path[len(path) :].lstrip("/") for i in infos if i.type == pafs.FileType.File)
 

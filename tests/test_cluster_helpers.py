@@ -67,4 +67,6 @@ def test_storage_path_checks(tmp_path):
         helpers.check_storage_path("STORAGE_PATH", "ftp://example.org/runs")
     with pytest.raises(helpers.ParameterError, match="cannot reach the bucket's endpoint at 127.0.0.1:9"):
         helpers.check_storage_path("STORAGE_PATH", "s3://b/runs?endpoint_override=127.0.0.1:9&scheme=http")
-    assert helpers.storage.uri(__import__("pyarrow.fs").fs.LocalFileSystem(), "/x/y") == "/x/y"
+    from pyarrow.fs import LocalFileSystem
+
+    assert helpers.storage.uri(LocalFileSystem(), "/x/y") == "/x/y"
