@@ -1,40 +1,68 @@
-"""Lightning + FSDP on CPU workers: a `RayFSDPStrategy` that also runs where there is no GPU.
+"""Lightning + FSDP on Ray: `RayFSDPStrategy` with sharded checkpoints that work across nodes, on GPUs and CPUs.
 
-Used by the Dolly notebook. On GPU workers it *is* Ray's `RayFSDPStrategy`: every method below
-defers to it unless the worker's device is the CPU. On CPU workers (smoke mode) it changes the
-two things that break there, and nothing else, so FSDP really shards (each of 2 workers holds
-half the parameters) instead of falling back to something simpler:
+Used by the Dolly notebook (section 3). `fsdp_strategy_class()` returns a subclass of Ray's
+`RayFSDPStrategy` that changes three things and nothing else, so FSDP really shards (each of 2
+workers holds half the parameters) on CPU workers as on GPUs:
 
-- Lightning passes `device_id=root_device.index` to FSDP, which is `None` on a CPU, and PyTorch
-  then refuses: "FSDP needs a non-CPU accelerator device". PyTorch FSDP itself runs on CPU/gloo
-  when given `device_id=torch.device("cpu")`.
-- Lightning gathers the full state dict for a checkpoint with `offload_to_cpu=True`. With the
-  parameters already on the CPU, FSDP frees the gathered tensors the state dict still points to,
-  and saving the checkpoint crashed with a segmentation fault (seen here). Gathering without
-  the offload and copying the tensors is correct on a CPU.
-- The same goes for the optimizer state: gathered with `offload_to_cpu=True` on CPU workers, the
-  AdamW moments saved in the checkpoint were not the ones in use. A run resumed from it repeated
-  the first step after the checkpoint exactly (weights and data were right) and then drifted by up
-  to 0.045 in loss over the next four steps (seen here, with a worker killed at step 45). Gathered
-  without the offload and copied, the resumed steps repeat the interrupted run's losses.
+- **Sharded checkpoints, each rank in its own folder.** With `state_dict_type="sharded"` every rank
+  writes only its shard of the weights and the optimizer state (torch's distributed checkpoint).
+  With Lightning's default, "full", rank 0 gathers the whole model and the whole optimizer state into
+  its host memory at every checkpoint: about 83 GB for dolly-v2-7b in fp32, more than a 64 GiB
+  g4dn.4xlarge has. But Lightning's `save_checkpoint` and `load_checkpoint` broadcast rank 0's path
+  and every rank writes there: Ray's `RayTrainReportCallback` gives each rank its own temporary
+  folder, so a rank on another node would write its shard into a folder nobody uploads, and the
+  checkpoint in storage would lack that shard. Here each rank keeps its own path; Ray Train uploads
+  every rank's folder into the same checkpoint directory, which then holds all the shards.
+- **CPU workers**: Lightning passes `device_id=root_device.index` to FSDP, which is `None` on a CPU,
+  and PyTorch then refuses: "FSDP needs a non-CPU accelerator device". PyTorch FSDP itself runs on
+  CPU/gloo when given `device_id=torch.device("cpu")`.
+- (History: with "full" checkpoints on CPU workers, Lightning's `offload_to_cpu=True` gather saved
+  AdamW moments that were not the ones in use, and a resumed run drifted by up to 0.045 in loss.
+  Sharded checkpoints gather nothing; the smoke run's resumed steps repeat the losses exactly.)
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 __all__ = ["LIGHTNING_PRECISIONS", "fsdp_strategy_class", "param_shard_fraction"]
 
 
 def fsdp_strategy_class():
-    """Return `CPUCapableRayFSDPStrategy`, a subclass of `ray.train.lightning.RayFSDPStrategy`.
+    """Return `ShardedRayFSDPStrategy`, a subclass of `ray.train.lightning.RayFSDPStrategy`.
 
-    A function, so that importing `helpers` does not import Lightning.
+    A function, so that importing `helpers` does not import Lightning. Pass the usual
+    `FSDPStrategy` arguments; `state_dict_type` defaults to "sharded".
     """
     import torch
     from ray.train.lightning import RayFSDPStrategy
 
-    class CPUCapableRayFSDPStrategy(RayFSDPStrategy):
+    class ShardedRayFSDPStrategy(RayFSDPStrategy):
+        def __init__(self, *args, state_dict_type: str = "sharded", **kwargs):
+            super().__init__(*args, state_dict_type=state_dict_type, **kwargs)
+            self._own_paths = False
+
+        def broadcast(self, obj, src: int = 0):
+            # Inside save/load_checkpoint: every rank keeps its own checkpoint path (see the module doc).
+            return obj if self._own_paths else super().broadcast(obj, src)
+
+        @contextlib.contextmanager
+        def _each_rank_its_own_path(self):
+            self._own_paths = self._state_dict_type == "sharded"
+            try:
+                yield
+            finally:
+                self._own_paths = False
+
+        def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
+            with self._each_rank_its_own_path():
+                super().save_checkpoint(checkpoint, filepath, storage_options)
+
+        def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
+            with self._each_rank_its_own_path():
+                return super().load_checkpoint(checkpoint_path, weights_only)
+
         def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
             if self.root_device.type != "cpu":
                 return super()._setup_model(model)
@@ -52,37 +80,7 @@ def fsdp_strategy_class():
             _setup_activation_checkpointing(model, self._activation_checkpointing_kwargs)
             return model
 
-        def lightning_module_state_dict(self) -> dict[str, Any]:
-            if self.root_device.type != "cpu" or self._state_dict_type != "full":
-                return super().lightning_module_state_dict()
-            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-            config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
-            with FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, config):
-                return {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
-
-        def optimizer_state(self, optimizer) -> dict[str, Any]:
-            if self.root_device.type != "cpu" or self._state_dict_type != "full":
-                return super().optimizer_state(optimizer)
-            from lightning.pytorch.core.optimizer import LightningOptimizer
-            from torch.distributed.fsdp import FullOptimStateDictConfig, OptimStateKeyType, StateDictType
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            from torch.utils._pytree import tree_map
-
-            if isinstance(optimizer, LightningOptimizer):
-                optimizer = optimizer._optimizer
-            config = FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True)
-            with FSDP.state_dict_type(
-                self.model, StateDictType.FULL_STATE_DICT, optim_state_dict_config=config
-            ):
-                state = FSDP.optim_state_dict(self.model, optimizer)
-                state = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, state)
-            if self.global_rank == 0:  # Lightning's standard format: keyed by parameter id
-                state = FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
-            return state
-
-    return CPUCapableRayFSDPStrategy
+    return ShardedRayFSDPStrategy
 
 
 def param_shard_fraction(wrapped_model, total_numel: int) -> float:

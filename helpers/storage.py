@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .validate import ParameterError
 
-__all__ = ["check_storage_path", "check_storage_from_nodes", "uri", "is_uri"]
+__all__ = ["check_storage_path", "check_storage_from_nodes", "uri", "is_uri", "dcp_writer", "dcp_reader"]
 
 SCHEMES = "a local or NFS folder, s3://bucket/prefix, gs://bucket/prefix or hdfs://host/path"
 
@@ -149,3 +149,47 @@ def uri(filesystem, path: str) -> str:
     """A path on a pyarrow filesystem (`checkpoint.filesystem`, `checkpoint.path`) as a URI or local path."""
     scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(filesystem.type_name)
     return f"{scheme}://{path}" if scheme else path
+
+
+def _torch_fsspec_filesystem(filesystem):
+    """torch's distributed-checkpoint filesystem over a pyarrow `filesystem` (Ray Train's storage)."""
+    from fsspec.implementations.arrow import ArrowFSWrapper
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem
+
+    class PyArrowFileSystem(FileSystem):
+        def __init__(self) -> None:
+            self.fs = ArrowFSWrapper(filesystem)
+
+        def init_path(self, path, **kwargs):
+            return path  # a path on `filesystem`, as Ray Train gives it (no scheme)
+
+    return PyArrowFileSystem()
+
+
+def dcp_writer(filesystem, path: str):
+    """A `torch.distributed.checkpoint` writer that writes straight to `path` on a pyarrow `filesystem`.
+
+    Used by the Llama notebook's checkpoints ("5. Sharded checkpoints"): each rank streams its shard to
+    the bucket (or NFS folder), with no local copy to stage and upload. Pass it as `storage_writer=`,
+    without `checkpoint_id` (which would reset it to a local path).
+    """
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    writer = FsspecWriter(path, sync_files=False)  # fsync means nothing for an object store
+    writer.fs = _torch_fsspec_filesystem(filesystem)
+    writer.path = path
+    return writer
+
+
+def dcp_reader(filesystem, path: str):
+    """A `torch.distributed.checkpoint` reader for a checkpoint at `path` on a pyarrow `filesystem`.
+
+    Each rank reads only the byte ranges it needs (its shard; or only the model's weights and not the
+    optimizer state): the Llama notebook resumes with it, and Dolly's generation task reads the weights.
+    """
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    reader = FsspecReader(path)
+    reader.fs = _torch_fsspec_filesystem(filesystem)
+    reader.path = path
+    return reader

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import check_cluster_run, fetch, smoke_nbval
+from conftest import _filesystem, check_cluster_run, listing, smoke_nbval
 
 import helpers
+import helpers.storage
 
 NAME = "dolly_lightning_fsdp"
 # First three step losses of the default smoke run (FULL_SHARD, bf16-mixed, seed 42) on the 2-core CPU
@@ -54,27 +55,51 @@ def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(smoke_run):
 
 
 @pytest.mark.notebook
-def test_checkpoint_holds_the_trained_full_model(smoke_run, tmp_path):
+def test_trains_fp32_master_weights_from_a_half_precision_checkpoint(smoke_run):
     import torch
+    from transformers import AutoConfig
+
+    results, _ = smoke_run
+    # The tiny model is stored in bf16, like the Hub's dolly-v2-7b; without `dtype=torch.float32`
+    # transformers 5 would load it as bf16 ("auto") and FSDP would train bf16 master weights.
+    assert (
+        AutoConfig.from_pretrained(helpers.tiny_model("gpt_neox", dtype="bfloat16")).dtype == torch.bfloat16
+    )
+    assert results["param_dtypes"] == ["torch.float32"]
+
+
+@pytest.mark.notebook
+def test_checkpoint_is_sharded_with_every_ranks_shard_in_the_bucket(smoke_run):
+    import torch
+    import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
     results, _ = smoke_run
-    ckpt = fetch(results["checkpoint_path"] + "/checkpoint.ckpt", tmp_path / "checkpoint.ckpt")
-    saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-    assert saved["hyper_parameters"]["model_name"] == helpers.tiny_model("gpt_neox")
-    state = {k.removeprefix("model."): v for k, v in saved["state_dict"].items()}
-    initial = AutoModelForCausalLM.from_pretrained(helpers.tiny_model("gpt_neox")).state_dict()
-    assert set(state) == set(initial)
-    assert all(state[k].shape == v.shape for k, v in initial.items())  # gathered, not one rank's shard
-    changed = [k for k, v in initial.items() if not torch.equal(state[k].float(), v.float())]
-    assert len(changed) > 0.9 * len(initial), "the checkpoint holds the initial weights, not trained ones"
-    assert saved["tutorial"]["step_losses"] == pytest.approx(results["losses"])
+    checkpoint = results["checkpoint_path"] + "/checkpoint.ckpt"
+    # One file per rank, written on two nodes and merged by Ray's upload; no full copy on rank 0.
+    assert listing(checkpoint) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
+    fs, path = _filesystem(checkpoint)
+    initial = AutoModelForCausalLM.from_pretrained(
+        helpers.tiny_model("gpt_neox", dtype="bfloat16"), dtype=torch.float32
+    )
+    trained = {"model": {f"model.{k}": torch.empty_like(v) for k, v in initial.state_dict().items()}}
+    dcp.load(
+        trained, storage_reader=helpers.storage.dcp_reader(fs, path)
+    )  # every tensor whole, from 2 shards
+    changed = [
+        k for k, v in initial.state_dict().items() if not torch.equal(trained["model"][f"model.{k}"], v)
+    ]
+    assert len(changed) > 0.9 * len(initial.state_dict()), "the checkpoint holds the initial weights"
+    with fs.open_input_file(f"{path}/meta.pt") as f:
+        meta = torch.load(f, weights_only=False)
+    assert meta["hyper_parameters"]["model_name"] == helpers.tiny_model("gpt_neox", dtype="bfloat16")
+    assert meta["tutorial"]["step_losses"] == pytest.approx(results["losses"])
 
 
 @pytest.mark.notebook
 def test_generates_from_the_checkpoint(smoke_run):
     results, _ = smoke_run
-    # The notebook's Ray task loaded the checkpoint with `load_from_checkpoint` to generate these.
+    # The notebook's Ray task read only the weights from the bucket, in half precision, to generate these.
     prompts = ["This is", "I am", "Once more"]
     assert len(results["generated"]) == len(prompts)
     for prompt, text in zip(prompts, results["generated"], strict=True):

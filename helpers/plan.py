@@ -1,0 +1,414 @@
+"""Will it fit? A memory, disk and storage plan for a training run, before it spends any GPU time.
+
+Used by the "Will it fit?" cell of the GPT-2, Dolly and Llama notebooks, right after the parameter
+checks: from the model's architecture (its config; the parameters are counted on the `meta` device,
+without weights) and the run's parameters it works out, per GPU, per node and in storage, what the
+run needs, compares that with the cluster, prints one table and refuses where the run cannot fit,
+naming the parameters to change.
+
+The real models' configs ship in `helpers/architectures/` (a few KB of JSON, the Hub's `config.json`
+architecture fields), so the full-scale plan is computed offline, on a laptop.
+
+Where the figures come from (bytes per parameter P, N workers sharing the model):
+
+- Sharded model states, AdamW with fp32 master weights: 4 (weights) + 4 (gradients) + 8 (the two
+  moments) = 16 P / N per GPU for FSDP; for DeepSpeed ZeRO, DeepSpeed's own estimators
+  (`estimate_zero2/3_model_states_mem_needs`), which also count ZeRO's 16-bit copy of the weights.
+  `tests/test_plan.py` checks the FSDP figure against DeepSpeed's ZeRO-3 estimate.
+- While a layer runs FSDP holds its full weights: the largest layer, twice (the next one is prefetched),
+  in the dtype FSDP gathers in, plus its full gradients in fp32 in the backward pass; the root unit
+  (embeddings, head) stays gathered for the whole step.
+- Activations per layer: b s h (34 + 5 a s / h) bytes in 16-bit (Korthikanti et al. 2022, "Reducing
+  activation recomputation in large transformer models"); without the attention-scores term for
+  sdpa/FlashAttention, which never store them. With activation checkpointing only each layer's
+  input (2 b s h bytes) is kept, plus one layer's activations during its recomputation. The logits
+  add b s V (2 + 4 + 4) bytes (16-bit logits, their fp32 copy for the loss, its gradient).
+- The optimizer step runs after the backward pass has freed the activations: torch's default
+  ("foreach") AdamW allocates a temporary the size of the weights it updates (4 P / N), the for-loop
+  one (`foreach=False`) only one tensor's worth. The per-GPU peak is the larger of the two phases.
+- A CUDA context and communication buffers: 1 GiB per GPU.
+
+A row fails when the need exceeds what the node has and warns above 85 %: these are estimates (about
+10 % either way), and the caching allocator needs room for fragmentation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .validate import ParameterError
+
+__all__ = [
+    "NODE_TYPES",
+    "NodeType",
+    "Plan",
+    "model_config",
+    "model_size",
+    "plan_training",
+    "generation_memory_bytes",
+    "local_node",
+    "state_bytes",
+]
+
+GiB = 1024**3
+ARCHITECTURES = Path(__file__).parent / "architectures"
+# Hub id -> shipped config (the architecture only: Llama-2-70b-hf and -chat-hf are the same network).
+SHIPPED = {
+    "gpt2": "gpt2.json",
+    "openai-community/gpt2": "gpt2.json",
+    "databricks/dolly-v2-7b": "dolly-v2-7b.json",
+    "meta-llama/Llama-2-70b-hf": "llama-2-70b.json",
+    "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b.json",
+}
+FAIL_ABOVE, WARN_ABOVE = 1.0, 0.85
+CUDA_OVERHEAD = 1 * GiB
+
+
+@dataclass(frozen=True)
+class NodeType:
+    gpus: int
+    gpu: str
+    gpu_memory: int  # bytes per GPU, as the driver reports it
+    memory: int  # host RAM, bytes
+    disk: int  # local instance storage (NVMe), bytes
+    bf16: bool = True  # the GPU computes in bf16
+
+
+# AWS instance types (public spec sheets; GPU memory as nvidia-smi reports it).
+NODE_TYPES = {
+    "g4dn.4xlarge": NodeType(1, "T4", 15 * GiB, 64 * GiB, 225 * 10**9, bf16=False),
+    "g4dn.8xlarge": NodeType(1, "T4", 15 * GiB, 128 * GiB, 900 * 10**9, bf16=False),
+    "g4dn.12xlarge": NodeType(4, "T4", 15 * GiB, 192 * GiB, 900 * 10**9, bf16=False),
+    "g5.12xlarge": NodeType(4, "A10G", 22 * GiB, 192 * GiB, 3800 * 10**9),
+    "p4d.24xlarge": NodeType(8, "A100-40GB", 40 * GiB, 1152 * GiB, 8000 * 10**9),
+    "p4de.24xlarge": NodeType(8, "A100-80GB", 80 * GiB, 1152 * GiB, 8000 * 10**9),
+    "p5.48xlarge": NodeType(8, "H100-80GB", 80 * GiB, 2048 * GiB, 30400 * 10**9),
+}
+
+
+def local_node() -> NodeType:
+    """This machine as a node with no GPU: its RAM and the free space of its temp folder."""
+    import psutil
+
+    disk = shutil.disk_usage(tempfile.gettempdir()).free
+    return NodeType(0, "none (CPU workers)", 0, psutil.virtual_memory().total, disk)
+
+
+def model_config(model_name: str):
+    """The model's config: shipped for the notebooks' Hub models (offline), else read from its folder or the Hub."""
+    from transformers import AutoConfig
+
+    if model_name in SHIPPED:
+        fields = json.loads((ARCHITECTURES / SHIPPED[model_name]).read_text())
+        fields.pop("_source")
+        return AutoConfig.for_model(**fields)
+    return AutoConfig.from_pretrained(model_name)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    params: int  # all parameter elements (tied ones once)
+    largest_layer: int  # the largest transformer block: the unit FSDP gathers at once
+    root: int  # parameters outside the blocks (embeddings, final norm, head): FSDP's root unit
+    largest_tensor: int
+    num_layers: int
+    hidden: int
+    heads: int
+    vocab: int
+
+
+@functools.lru_cache(maxsize=16)
+def _size_of(config_json: str) -> ModelSize:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**json.loads(config_json))
+    with torch.device("meta"):  # shapes only: no memory, no weights, under a second even for 70B
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
+    block_sizes = [sum(p.numel() for p in block.parameters()) for block in blocks]
+    return ModelSize(
+        params=params,
+        largest_layer=max(block_sizes),
+        root=params - sum(block_sizes),
+        largest_tensor=max(p.numel() for p in model.parameters()),
+        num_layers=len(blocks),
+        hidden=config.get_text_config().hidden_size,
+        heads=config.get_text_config().num_attention_heads,
+        vocab=config.get_text_config().vocab_size,
+    )
+
+
+def model_size(config) -> ModelSize:
+    """Parameter counts of `config`'s causal LM, built on the `meta` device (no weights)."""
+    return _size_of(config.to_json_string(use_diff=False))
+
+
+def generation_memory_bytes(model_name: str, dtype_bytes: int, on_gpu: bool) -> int:
+    """Host RAM a generation task reserves: weights read tensor by tensor into a model on the GPU
+    (the largest tensor in fp32, twice), or the whole half-precision model where it runs on the CPU;
+    plus 2 GiB for Python, torch and the tokenizer."""
+    size = model_size(model_config(model_name))
+    model = 0 if on_gpu else size.params * dtype_bytes
+    return model + 2 * size.largest_tensor * 4 + 2 * GiB
+
+
+@dataclass
+class Row:
+    what: str
+    where: str  # "per GPU", "per node", "storage"
+    need: int  # bytes
+    have: int | None  # bytes; None: nothing to compare with
+    fix: str = ""  # the parameters to change where it does not fit
+
+    @property
+    def share(self) -> float | None:
+        return None if not self.have else self.need / self.have
+
+    @property
+    def status(self) -> str:
+        if self.share is None:
+            return ""
+        return "too big" if self.share > FAIL_ABOVE else "close" if self.share > WARN_ABOVE else "ok"
+
+
+@dataclass
+class Plan:
+    title: str
+    rows: list[Row] = field(default_factory=list)
+    details: dict[str, int] = field(default_factory=dict)  # the components of the per-GPU figure, bytes
+
+    def table(self):
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "where": [r.where for r in self.rows],
+                "needs (GB)": [round(r.need / 1e9, 3) for r in self.rows],
+                "has (GB)": [None if r.have is None else round(r.have / 1e9, 1) for r in self.rows],
+                "share": [None if r.share is None else f"{r.share:.0%}" for r in self.rows],
+                "status": [r.status for r in self.rows],
+            },
+            index=pd.Index([r.what for r in self.rows], name=self.title),
+        )
+
+    def as_dict(self) -> dict:
+        """The figures, for the results file: bytes per row and per component."""
+        return {
+            "rows": [
+                {"what": r.what, "where": r.where, "need": r.need, "have": r.have, "status": r.status}
+                for r in self.rows
+            ],
+            **self.details,
+        }
+
+    def check(self) -> None:
+        """Raise `ParameterError` naming what to change where a row does not fit; warn where it is close."""
+        import warnings
+
+        too_big = [r for r in self.rows if r.status == "too big"]
+        if too_big:
+            lines = [
+                f"- {r.what} ({r.where}): needs {r.need / 1e9:.1f} GB of {r.have / 1e9:.1f} GB "
+                f"({r.share:.0%}; at most {FAIL_ABOVE:.0%} leaves the allocator room). {r.fix}"
+                for r in too_big
+            ]
+            raise ParameterError(f"{self.title}: this run does not fit.\n" + "\n".join(lines))
+        for r in self.rows:
+            if r.status == "close":
+                warnings.warn(
+                    f"{self.title}: {r.what} ({r.where}) uses {r.share:.0%} of {r.have / 1e9:.1f} GB. {r.fix}",
+                    stacklevel=2,
+                )
+
+
+def _activations(size: ModelSize, batch: int, seq: int, act_bytes: int, checkpointing: bool) -> int:
+    per_layer = batch * seq * size.hidden * 34 * act_bytes // 2  # sdpa/flash: no stored attention scores
+    if checkpointing:
+        kept = size.num_layers * batch * seq * size.hidden * act_bytes  # each layer's input
+        return kept + per_layer  # plus the layer being recomputed
+    return size.num_layers * per_layer
+
+
+def _zero_model_states(size: ModelSize, stage: int, gpus_per_node: int, nodes: int, offload: str):
+    """(per GPU, per node host RAM) bytes for ZeRO's model states, from DeepSpeed's own estimators."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    if stage == 3:
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            size.params,
+            size.largest_layer,
+            num_gpus_per_node=gpus_per_node,
+            num_nodes=nodes,
+            cpu_offload=offload != "none",
+            cpu_offload_params=offload == "optimizer+params",
+            zero_init=True,
+            additional_buffer_factor=1.0,
+        )
+    else:  # stages 1 and 2 share an estimator; stage 1 also keeps full 16-bit gradients
+        cpu, gpu = estimate_zero2_model_states_mem_needs(
+            size.params,
+            num_gpus_per_node=gpus_per_node,
+            num_nodes=nodes,
+            cpu_offload=offload != "none",
+            additional_buffer_factor=1.0,
+        )
+        if stage == 1:
+            gpu += 2 * size.params * (1 - 1 / (gpus_per_node * nodes))
+    return int(gpu), int(cpu)
+
+
+def plan_training(
+    *,
+    title: str,
+    model_name: str,
+    num_workers: int,
+    cluster: dict[str, int] | None,
+    batch_size: int,
+    seq_len: int,
+    activation_checkpointing: bool,
+    sharding: str,
+    gather_bytes: int,
+    offload: str = "none",
+    loading: str = "every rank",
+    checkpoint: str = "staged",
+    export_bytes: int = 0,
+    num_to_keep: int = 1,
+    vocab_size: int | None = None,
+    foreach_optimizer: bool = True,
+    fixes: dict[str, str],
+) -> Plan:
+    """Plan a run. `cluster`: {node type: count} of `NODE_TYPES`, or None for this machine's CPU workers.
+
+    sharding: "fsdp" or "zero1" / "zero2" / "zero3". gather_bytes: bytes per element FSDP gathers the
+    weights in (4 for Lightning's "16-mixed", 2 for a bf16 MixedPrecisionPolicy). offload: "none",
+    "optimizer" or "optimizer+params". loading: "every rank" loads the full fp32 model, "rank 0" only
+    rank 0 (the others build on `meta`). checkpoint: "staged" (each rank writes a local folder that Ray
+    uploads) or "streamed" (written straight to storage). export_bytes: bytes per element of a
+    consolidated model rank 0 writes at the end (0: none). foreach_optimizer: AdamW's default
+    implementation (see the module doc). fixes: what to suggest, per row kind:
+    "gpu", "host", "disk".
+    """
+    size = model_size(model_config(model_name))
+    if vocab_size:  # rows added for new tokens (Llama's chat tokens)
+        extra = (vocab_size - size.vocab) * size.hidden * 2
+        size = ModelSize(**{**size.__dict__, "params": size.params + extra, "root": size.root + extra})
+    p, n = size.params, num_workers
+    on_gpu = cluster is not None
+    if on_gpu:
+        unknown = sorted(set(cluster) - set(NODE_TYPES))
+        if unknown:
+            raise ParameterError(f"CLUSTER: unknown node type(s) {unknown}; known: {sorted(NODE_TYPES)}.")
+        gpu_nodes = [
+            NODE_TYPES[t] for t, count in cluster.items() for _ in range(count) if NODE_TYPES[t].gpus
+        ]
+        gpus = sum(node.gpus for node in gpu_nodes)
+        if gpus < n:
+            raise ParameterError(
+                f"NUM_WORKERS={n} needs {n} GPUs; CLUSTER={cluster} has {gpus}. "
+                "Lower NUM_WORKERS or add nodes to CLUSTER."
+            )
+        # The node that fits worst: the least host RAM per GPU (rank 0 can land on any GPU node).
+        node = min(gpu_nodes, key=lambda t: (t.memory / t.gpus, t.disk / t.gpus))
+        per_node, nodes = min(node.gpus, n), math.ceil(n / node.gpus)
+        device_have, act_bytes = node.gpu_memory, 2
+    else:
+        node, per_node, nodes = local_node(), n, 1
+        device_have, act_bytes = node.memory // n, 4  # CPU workers share this machine's RAM
+
+    details: dict[str, int] = {"params": p, "largest_layer": size.largest_layer}
+    activations = _activations(size, batch_size, seq_len, act_bytes, activation_checkpointing)
+    logits = batch_size * seq_len * size.vocab * (2 + 4 + 4)
+    activations_and_logits = activations + logits
+    host = 0  # per node, beyond the workers' processes
+    if sharding == "fsdp":
+        offloaded = offload != "none"
+        details["param_bytes_per_rank"] = 4 * p // n
+        details["optimizer_bytes_per_rank"] = 8 * p // n
+        shards = 16 * p // n  # fp32 weights, gradients and AdamW moments: this rank's share
+        # Forward/backward: two layers gathered, the root unit, one layer's gradients in fp32.
+        working = (2 * size.largest_layer + size.root) * gather_bytes + 4 * size.largest_layer
+        # torch's default (foreach) AdamW step allocates a temporary the size of the weights it updates.
+        step = 4 * p // n if foreach_optimizer else 4 * size.largest_tensor // n
+        details["optimizer_step_temporary_bytes"] = step
+        device = (
+            working + activations_and_logits
+            if offloaded
+            else shards + max(working + activations_and_logits, step)
+        )
+        host += (shards + step) * per_node if offloaded else 0  # the step runs on the CPU
+    else:
+        stage = int(sharding.removeprefix("zero"))
+        device, cpu = _zero_model_states(size, stage, max(per_node, 1), nodes, offload)
+        device += activations_and_logits
+        host += cpu if offload != "none" else 0
+        shard = p // n if stage == 3 else p
+        details["param_bytes_per_rank"] = 2 * shard  # ZeRO's bf16/fp16 weights
+        details["optimizer_bytes_per_rank"] = 12 * p // n  # fp32 master weights and the two moments
+    device += CUDA_OVERHEAD if on_gpu else 0
+    details.update(activation_bytes=activations, logits_bytes=logits, device_bytes=device)
+
+    loads = 4 * p * (per_node if loading == "every rank" else 1)  # fp32, before sharding
+    checkpoint_bytes = 12 * p + export_bytes * p  # weights and moments in fp32 (+ the export)
+    host_ckpt = 12 * p // n * per_node if checkpoint == "staged" else 0  # shards copied to CPU
+    consolidate = (4 * p + 4 * size.largest_tensor) if export_bytes else 0  # rank 0: full fp32, in place
+    local_disk = max(
+        12 * p // n * per_node if checkpoint == "staged" else 0, 12 * p if checkpoint == "staged" else 0
+    )
+    local_disk += export_bytes * p  # rank 0 writes the consolidated model before it is uploaded
+    details.update(load_bytes_rank0=4 * p, checkpoint_bytes=checkpoint_bytes, local_disk_bytes=local_disk)
+    if not on_gpu:  # the workers' devices are this machine's RAM too
+        host += device * n
+    where_gpu = "per GPU" if on_gpu else "per CPU worker"
+    name = f"{node.gpu} GPU" if on_gpu else "CPU worker's share of RAM"
+    rows = [
+        Row(f"training ({name})", where_gpu, device, device_have or None, fixes.get("gpu", "")),
+        Row("host RAM while loading", "per node", host + loads, node.memory, fixes.get("host", "")),
+        Row("host RAM at a checkpoint", "per node", host + host_ckpt, node.memory, fixes.get("host", "")),
+    ]
+    if export_bytes:
+        rows.append(
+            Row(
+                "host RAM to consolidate (rank 0)",
+                "per node",
+                host + consolidate,
+                node.memory,
+                fixes.get("host", ""),
+            )
+        )
+    rows += [
+        Row("local disk for checkpoints", "per node", local_disk, node.disk, fixes.get("disk", "")),
+        Row(f"checkpoints in storage (x{num_to_keep} kept)", "storage", checkpoint_bytes * num_to_keep, None),
+    ]
+    return Plan(title, rows, details)
+
+
+def state_bytes(model, optimizer) -> dict[str, int]:
+    """Bytes of weights and of optimizer state this rank really holds (its shards), to compare with a plan.
+
+    Called on the workers after the first optimizer step. FSDP2 parameters and their AdamW moments are
+    `DTensor`s (`to_local()` is this rank's shard); FSDP1's (with `use_orig_params`) are views of this
+    rank's flat shard. The optimizer's scalar `step` counters are left out.
+    """
+    import torch
+
+    def local(t):
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    optimizer = getattr(optimizer, "_optimizer", optimizer)  # Lightning's wrapper
+    moments = [
+        t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.ndim > 0
+    ]
+    return {
+        "param_bytes": sum(local(p) for p in model.parameters()),
+        "optimizer_bytes": sum(local(t) for t in moments),
+    }
