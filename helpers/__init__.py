@@ -6,7 +6,14 @@ notebooks; this package holds only set-up a learner should not have to wade thro
 """
 
 from .cache import cache_dir
-from .cluster import LOG_NOISE, ResourceRequestError, check_resources, start_ray
+from .cluster import (
+    LOG_NOISE,
+    ResourceRequestError,
+    check_resources,
+    gpus_for_one_task,
+    prefetch_model_on_nodes,
+    start_ray,
+)
 from .cost import INSTANCE_PRICES, run_cost
 from .fixtures import (
     AG_NEWS_LABELS,
@@ -21,7 +28,7 @@ from .memory import PeakRSS
 from .metrics import GLUE_METRICS, GlueMetric
 from .plots import plot_losses
 from .results import REQUIRED_KEYS, Stopwatch, write_results
-from .sharding import zero_partition_fraction
+from .sharding import zero_partition_fraction, zero_state_bytes
 from .smoke import smoke_overrides
 from .storage import check_storage_from_nodes, check_storage_path
 from .tiny_models import TINY_ARCHS, tiny_model
@@ -62,6 +69,8 @@ __all__ = [
     "check_max_positions",
     "check_positive",
     "check_resources",
+    "gpus_for_one_task",
+    "prefetch_model_on_nodes",
     "check_storage_from_nodes",
     "check_storage_path",
     "check_source_available",
@@ -75,4 +84,5 @@ __all__ = [
     "tiny_model",
     "write_results",
     "zero_partition_fraction",
+    "zero_state_bytes",
 ]

@@ -22,6 +22,8 @@ __all__ = [
     "start_ray",
     "check_resources",
     "ResourceRequestError",
+    "gpus_for_one_task",
+    "prefetch_model_on_nodes",
     "LOG_NOISE",
     "RAY_ENV",
     "LOCAL_RAY_ENV",
@@ -224,3 +226,77 @@ def check_resources(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.
         warnings.warn(message + " (LLM_NOTEBOOKS_AUTOSCALING=1: waiting for the autoscaler.)", stacklevel=2)
         return
     raise ResourceRequestError(message)
+
+
+def _alive_nodes(use_gpu: bool) -> list[dict]:
+    import ray
+
+    key = "GPU" if use_gpu else "CPU"
+    return [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(key, 0) > 0]
+
+
+def gpus_for_one_task(name: str, wanted: int) -> int:
+    """GPUs to request for one task, which runs on one node: `wanted`, or as many as the largest node has.
+
+    Asking one task for more GPUs than any node has never fails: it waits for ever (e.g. 8 GPUs on a
+    cluster of 4-GPU nodes). Used by the Llama notebook's chat task ("9. Talk to the fine-tuned model").
+    """
+    most = int(max((n["Resources"].get("GPU", 0) for n in _alive_nodes(use_gpu=True)), default=0))
+    if most == 0:
+        raise ResourceRequestError(f"{name} needs a GPU, and no node of this Ray cluster has one.")
+    if most < wanted:
+        warnings.warn(
+            f"{name}: the largest node has {most} GPUs, not {wanted}: asking for {most}.", stacklevel=2
+        )
+    return min(wanted, most)
+
+
+def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[str, float]:
+    """Put `model_name`'s files on every node that can run a worker, before `fit()`; return seconds per node.
+
+    Rank 0 loads the pretrained weights while every other rank waits in the first collective. If that
+    load starts with a 138 GB download, the wait can outlast the collective timeout (Ray Train's
+    `TorchConfig(timeout_s=1800)`). Downloading here, in parallel on each node and with no timeout
+    running, leaves rank 0 only the read from the node's Hugging Face cache. A local folder is checked
+    instead: every node must see it (a folder on the head node only is a mistake found here, not in
+    a worker). Used by the Llama notebook's "Start Ray" cell.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .validate import ParameterError
+
+    @ray.remote(num_cpus=0)
+    def fetch(model: str) -> tuple[float, str | None]:
+        import os
+        import time
+
+        start = time.perf_counter()
+        try:
+            if not os.path.isdir(model):
+                from huggingface_hub import snapshot_download
+
+                snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.model", "tokenizer*"])
+            elif not os.path.exists(os.path.join(model, "config.json")):
+                return 0.0, f"no config.json in the folder {model}"
+        except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
+            return 0.0, f"{type(exc).__name__}: {exc}"
+        return time.perf_counter() - start, None
+
+    nodes = _alive_nodes(use_gpu)
+    refs = [
+        fetch.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            model_name
+        )
+        for n in nodes
+    ]
+    answers = dict(
+        zip((n["NodeManagerAddress"] + " " + n["NodeID"][:8] for n in nodes), ray.get(refs), strict=True)
+    )
+    failed = {node: error for node, (_, error) in answers.items() if error}
+    if failed:
+        lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())
+        raise ParameterError(
+            f"{name}={model_name!r}: {len(failed)} of {len(nodes)} nodes cannot get it ({lines})."
+        )
+    return {node: seconds for node, (seconds, _) in answers.items()}

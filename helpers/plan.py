@@ -297,7 +297,8 @@ def plan_training(
     implementation (see the module doc). fixes: what to suggest, per row kind:
     "gpu", "host", "disk".
     """
-    size = model_size(model_config(model_name))
+    config = model_config(model_name)
+    size = model_size(config)
     if vocab_size:  # rows added for new tokens (Llama's chat tokens)
         extra = (vocab_size - size.vocab) * size.hidden * 2
         size = ModelSize(**{**size.__dict__, "params": size.params + extra, "root": size.root + extra})
@@ -347,12 +348,15 @@ def plan_training(
         host += (shards + step) * per_node if offloaded else 0  # the step runs on the CPU
     else:
         stage = int(sharding.removeprefix("zero"))
-        device, cpu = _zero_model_states(size, stage, max(per_node, 1), nodes, offload)
+        if stage == 0:  # plain data parallel: DeepSpeed's count, nothing partitioned
+            device, cpu = 18 * p, 0
+        else:
+            device, cpu = _zero_model_states(size, stage, max(per_node, 1), nodes, offload)
         device += activations_and_logits
         host += cpu if offload != "none" else 0
         shard = p // n if stage == 3 else p
         details["param_bytes_per_rank"] = 2 * shard  # ZeRO's bf16/fp16 weights
-        details["optimizer_bytes_per_rank"] = 12 * p // n  # fp32 master weights and the two moments
+        details["optimizer_bytes_per_rank"] = 12 * p // (n if stage else 1)  # fp32 master weights, 2 moments
     device += CUDA_OVERHEAD if on_gpu else 0
     details.update(activation_bytes=activations, logits_bytes=logits, device_bytes=device)
 
@@ -364,6 +368,8 @@ def plan_training(
         12 * p // n * per_node if checkpoint == "staged" else 0, 12 * p if checkpoint == "staged" else 0
     )
     local_disk += export_bytes * p  # rank 0 writes the consolidated model before it is uploaded
+    stored = {"float32": 4, "float64": 8}.get(str(config.dtype).removeprefix("torch."), 2)
+    local_disk += stored * size.params  # the Hub download, in each node's Hugging Face cache
     details.update(load_bytes_rank0=4 * p, checkpoint_bytes=checkpoint_bytes, local_disk_bytes=local_disk)
     if not on_gpu:  # the workers' devices are this machine's RAM too
         host += device * n

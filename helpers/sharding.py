@@ -7,7 +7,7 @@ and a fall-back shows 1.0. Used in the GPT-2 DeepSpeed notebook (ZeRO) and the F
 
 from __future__ import annotations
 
-__all__ = ["zero_partition_fraction"]
+__all__ = ["zero_partition_fraction", "zero_state_bytes"]
 
 
 def zero_partition_fraction(engine) -> float:
@@ -29,3 +29,31 @@ def zero_partition_fraction(engine) -> float:
     else:
         return 1.0  # no ZeRO: every rank holds everything
     return local / total
+
+
+def zero_state_bytes(engine) -> dict[str, int]:
+    """Bytes of 16-bit weights and of optimizer state (fp32 master weights and AdamW moments) this rank
+    of a DeepSpeed `engine` holds, after its first step: to compare with the GPT-2 notebook's plan.
+
+    Stage 3 holds a partition of the 16-bit weights (`ds_tensor`); stages 1 and 2 all of them. The fp32
+    partitions and their moments live in the ZeRO optimizer, offloaded to the CPU or not.
+    """
+
+    def size(t) -> int:
+        return t.numel() * t.element_size()
+
+    optimizer = engine.optimizer
+    stage = engine.zero_optimization_stage()
+    if stage == 3:
+        weights = sum(size(p.ds_tensor) for p in engine.module.parameters())
+        flats = optimizer.fp32_partitioned_groups_flat
+    else:
+        weights = sum(size(p) for p in engine.module.parameters())
+        flats = optimizer.single_partition_of_fp32_groups
+    moments = sum(
+        size(v)
+        for flat in flats
+        for k, v in optimizer.optimizer.state[flat].items()
+        if k in ("exp_avg", "exp_avg_sq")
+    )
+    return {"param_bytes": weights, "optimizer_bytes": sum(size(f) for f in flats) + moments}

@@ -24,6 +24,10 @@ REPLAY_TOLERANCE = 1e-4
 # First three step losses of the default smoke run (seed 42, bf16 compute, 2 CPU workers) on the 2-core
 # CPU machine; each is the mean over both workers. ln(vocabulary of 516) = 6.25 for random weights.
 PINNED_FIRST_LOSSES = [6.447, 6.399, 6.26]
+# The "will it fit?" plan against what the smoke run measured: per-rank shards (measured: exact, 0 %),
+# and rank 0's peak RSS growth while loading (measured: see LOAD_TOLERANCE's comment).
+PLAN_TOLERANCE = 0.02
+LOAD_TOLERANCE = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +147,23 @@ def test_speed_generation_and_attention(smoke_run):
     assert results["mfu"] is None  # a CPU has no known dense peak: not available, not a made-up number
     assert results["attn_implementation"] == "sdpa"  # USE_FLASH_ATTN=True fell back on CPU
     assert len(results["generated"]) == 1 and results["generated"][0].strip()
+
+
+@pytest.mark.notebook
+def test_restart_skips_the_pretrained_load(smoke_run):
+    results, _ = smoke_run
+    # Two attempts, one read of the pretrained weights: the resumed attempt took them from the checkpoint.
+    assert len(results["attempts"]) == 2 and results["pretrained_loads"] == 1
+
+
+@pytest.mark.notebook
+def test_plan_matches_what_the_shards_hold(smoke_run):
+    results, _ = smoke_run
+    plan = results["plan"]
+    # Measured after the first step of each rank: fp32 shards and AdamW moments, half the model each.
+    for held in results["state_bytes"]:
+        assert held["param_bytes"] == pytest.approx(plan["param_bytes_per_rank"], rel=PLAN_TOLERANCE)
+        assert held["optimizer_bytes"] == pytest.approx(plan["optimizer_bytes_per_rank"], rel=PLAN_TOLERANCE)
+    # Rank 0's RSS growth while it loaded the pretrained model in fp32, against the plan's 4 bytes/param.
+    planned_mb = plan["load_bytes_rank0"] / 2**20
+    assert results["load_peak_rss_mb"][0] == pytest.approx(planned_mb, rel=LOAD_TOLERANCE), planned_mb

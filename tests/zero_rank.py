@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 
-def zero_rank(rank: int, world_size: int, port: int, stage: int, results) -> None:
-    """One of 2 gloo ranks: a DeepSpeed engine at `stage` over the tiny GPT-2, one training step."""
+def zero_rank(rank: int, world_size: int, port: int, stage: int, results, offload: str = "none") -> None:
+    """One of 2 gloo ranks: a DeepSpeed engine at `stage` over the tiny GPT-2, three training steps.
+
+    `offload` as the GPT-2 notebook's OFFLOAD: "optimizer+params" puts the optimizer state, its step
+    (DeepSpeed's CPU Adam, compiled on first use) and the stage-3 parameters in CPU memory.
+    """
     import os
 
     os.environ.update(
@@ -26,7 +30,14 @@ def zero_rank(rank: int, world_size: int, port: int, stage: int, results) -> Non
         "bf16": {"enabled": True},
         "gradient_clipping": 1.0,
     }
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if offload == "optimizer+params":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+        optimizer = DeepSpeedCPUAdam(model.parameters(), lr=1e-3)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     ids = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(rank))
     losses = []
@@ -35,5 +46,6 @@ def zero_rank(rank: int, world_size: int, port: int, stage: int, results) -> Non
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    results.put((rank, helpers.zero_partition_fraction(engine), losses))
+    offloaded = bool(getattr(engine.optimizer, "offload_optimizer", False))
+    results.put((rank, helpers.zero_partition_fraction(engine), losses, offloaded))
     torch.distributed.destroy_process_group()

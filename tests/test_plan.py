@@ -1,0 +1,153 @@
+"""`helpers.plan` ("Will it fit?"): the real architectures, offline, and the formulas against DeepSpeed's.
+
+What the plan says against what the smoke runs' shards really hold is tested with each notebook
+(`test_plan_matches_what_the_shards_hold`); the notebooks' refusals in `test_bad_input.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import helpers.plan as hp
+
+GB = 1e9
+FIXES = {"gpu": "GPU-FIX", "host": "HOST-FIX", "disk": "DISK-FIX"}
+
+
+@pytest.mark.parametrize(
+    ("model_name", "params"),
+    [
+        ("gpt2", 124_439_808),  # the count GPT-2's model card and every GPT-2 paper reproduction give
+        ("databricks/dolly-v2-7b", 6_856_056_832),  # Pythia-6.9B with Dolly's 50,280-token vocabulary
+        ("meta-llama/Llama-2-70b-chat-hf", 68_976_648_192),  # Llama 2 70B (GQA: 8 key/value heads)
+    ],
+)
+def test_parameter_counts_of_the_real_architectures_offline(model_name, params):
+    size = hp.model_size(hp.model_config(model_name))  # shipped config, meta device: no Hub, no weights
+    assert size.params == params
+    assert size.root + size.num_layers * size.largest_layer == params  # blocks are alike
+
+
+def test_fsdp_model_states_agree_with_deepspeeds_zero3_estimate():
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    size = hp.model_size(hp.model_config("meta-llama/Llama-2-70b-chat-hf"))
+    _, ds_gpu, _ = estimate_zero3_model_states_mem_needs(
+        size.params,
+        size.largest_layer,
+        num_gpus_per_node=8,
+        num_nodes=2,
+        cpu_offload=False,
+        cpu_offload_params=False,
+        additional_buffer_factor=1.0,
+    )
+    # FSDP: 16 bytes per parameter over 16 GPUs plus one layer's fp32 gradients (4 L); DeepSpeed's ZeRO-3:
+    # 18 (it also keeps a 16-bit copy of each shard) plus 4 L. So ours is 16/18 of its, within 1 %.
+    ours = 16 * size.params // 16 + 4 * size.largest_layer
+    assert ours / ds_gpu == pytest.approx(16 / 18, rel=0.01)
+
+
+def _dolly(**overrides):
+    args = dict(
+        title="dolly",
+        model_name="databricks/dolly-v2-7b",
+        num_workers=16,
+        cluster={"g4dn.8xlarge": 1, "g4dn.4xlarge": 15},
+        batch_size=5,
+        seq_len=256,
+        activation_checkpointing=True,
+        sharding="fsdp",
+        gather_bytes=2,
+        offload="optimizer+params",
+        fixes=FIXES,
+    )
+    return hp.plan_training(**{**args, **overrides})
+
+
+def _llama(**overrides):
+    args = dict(
+        title="llama",
+        model_name="meta-llama/Llama-2-70b-chat-hf",
+        num_workers=16,
+        cluster={"p4de.24xlarge": 2},
+        batch_size=1,
+        seq_len=2048,
+        activation_checkpointing=True,
+        sharding="fsdp",
+        gather_bytes=2,
+        loading="rank 0",
+        checkpoint="streamed",
+        export_bytes=2,
+        num_to_keep=2,
+        foreach_optimizer=False,
+        fixes=FIXES,
+    )
+    return hp.plan_training(**{**args, **overrides})
+
+
+def _row(plan, what):
+    return next(r for r in plan.rows if r.what.startswith(what))
+
+
+def test_full_scale_dolly_fits_and_without_offload_is_closer():
+    offloaded, on_gpu = _dolly(), _dolly(offload="none")
+    offloaded.check()
+    assert _row(offloaded, "training").share == pytest.approx(0.29, abs=0.02)
+    # Without offload the shards (16 x 6.86e9 / 16 = 6.9 GB) go on the T4: about 72 % by this estimate.
+    assert _row(on_gpu, "training").share == pytest.approx(0.72, abs=0.03)
+    # Rank 0 can land on a 64 GiB g4dn.4xlarge: loading the fp32 model there is 27 GB.
+    assert _row(offloaded, "host RAM while loading").have == 64 * 2**30
+
+
+def test_dolly_without_offload_on_four_t4s_is_refused_naming_the_fix():
+    plan = _dolly(offload="none", num_workers=4, cluster={"g4dn.4xlarge": 4})
+    with pytest.raises(hp.ParameterError, match=r"does not fit(.|\n)*training \(T4 GPU\)(.|\n)*GPU-FIX"):
+        plan.check()
+
+
+def test_llama_fits_only_with_the_for_loop_adamw():
+    plan = _llama()
+    with pytest.warns(UserWarning, match="close|%"):  # about 95 %: it warns, it does not refuse
+        plan.check()
+    assert 0.9 < _row(plan, "training").share < 1.0
+    # torch's default foreach AdamW adds a 4 P / N temporary at the optimizer step: 17 GB more.
+    foreach = _llama(foreach_optimizer=True)
+    assert foreach.details["optimizer_step_temporary_bytes"] == pytest.approx(4 * 68.98e9 / 16, rel=0.01)
+    with pytest.raises(hp.ParameterError, match="does not fit"):
+        foreach.check()
+    # Rank 0 holds the fp32 model to load it, and again to consolidate it (converted in place).
+    assert _row(plan, "host RAM while loading").need == pytest.approx(4 * 68.98e9, rel=0.01)
+    assert _row(plan, "host RAM to consolidate").need < 1.01 * 4 * 68.98e9
+
+
+def test_requests_the_cluster_cannot_meet_fail_fast():
+    with pytest.raises(hp.ParameterError, match="NUM_WORKERS=16 needs 16 GPUs"):
+        _llama(cluster={"p4de.24xlarge": 1})
+    with pytest.raises(hp.ParameterError, match="unknown node type"):
+        _llama(cluster={"p9.huge": 2})
+
+
+def test_dcp_writer_and_reader_over_a_pyarrow_filesystem(tmp_path):
+    import pyarrow.fs as pafs
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from helpers.storage import dcp_reader, dcp_writer
+
+    fs, saved = pafs.LocalFileSystem(), {"model": {"w": torch.randn(4, 4)}, "optim": {"m": torch.randn(64)}}
+    dcp.save(saved, storage_writer=dcp_writer(fs, f"{tmp_path}/ck"))
+    # Only the model, and cast to bf16 on the way in: the optimizer state is never read.
+    loaded = {"model": {"w": torch.zeros(4, 4, dtype=torch.bfloat16)}}
+    dcp.load(loaded, storage_reader=dcp_reader(fs, f"{tmp_path}/ck"))
+    assert torch.equal(loaded["model"]["w"], saved["model"]["w"].to(torch.bfloat16))
+
+
+def test_one_task_asks_for_no_more_gpus_than_the_largest_node(monkeypatch):
+    import helpers.cluster as hc
+
+    monkeypatch.setattr(hc, "_alive_nodes", lambda use_gpu: [{"Resources": {"GPU": 4.0}}] * 4)
+    with pytest.warns(UserWarning, match="largest node has 4 GPUs"):
+        assert hc.gpus_for_one_task("The chat task", 8) == 4
+    monkeypatch.setattr(hc, "_alive_nodes", lambda use_gpu: [])
+    with pytest.raises(hc.ResourceRequestError, match="no node"):
+        hc.gpus_for_one_task("The chat task", 8)
