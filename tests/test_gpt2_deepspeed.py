@@ -18,6 +18,7 @@ KILL_AT, RESUMED_FROM = 18, 12
 # optimizer, data order and dropout masks (seeded per epoch) are all restored. 1e-4 leaves room for a
 # different reduction order elsewhere, and is far below a step's change of loss (about 0.05).
 REPLAY_TOLERANCE = 1e-4
+PLAN_TOLERANCE = 0.02  # the "will it fit?" plan's per-rank bytes against the measured partitions
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,18 @@ def test_stage3_partitions_parameters(stage3_run):
     results, _ = stage3_run
     # ZeRO-3 partitions the parameters: each of 2 workers holds half (1.0 would be plain DDP).
     assert results["partition_fraction"] == pytest.approx([0.5, 0.5], abs=0.02)
+
+
+@pytest.mark.notebook
+def test_plan_matches_what_the_zero3_partitions_hold(stage3_run):
+    results, _ = stage3_run
+    plan = results["plan"]
+    # Each rank's bf16 weight partition and its fp32 master weights + AdamW moments (DeepSpeed's 2 + 12
+    # bytes per parameter of its half); ZeRO pads each partition to a multiple of the world size.
+    for held in results["state_bytes"]:
+        assert held["param_bytes"] == pytest.approx(plan["param_bytes_per_rank"], rel=PLAN_TOLERANCE)
+        assert held["optimizer_bytes"] == pytest.approx(plan["optimizer_bytes_per_rank"], rel=PLAN_TOLERANCE)
+    assert results["offload"] == "none"
 
 
 @pytest.mark.notebook

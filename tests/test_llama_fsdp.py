@@ -25,9 +25,10 @@ REPLAY_TOLERANCE = 1e-4
 # CPU machine; each is the mean over both workers. ln(vocabulary of 516) = 6.25 for random weights.
 PINNED_FIRST_LOSSES = [6.447, 6.399, 6.26]
 # The "will it fit?" plan against what the smoke run measured: per-rank shards (measured: exact, 0 %),
-# and rank 0's peak RSS growth while loading (measured: see LOAD_TOLERANCE's comment).
+# and rank 0's peak RSS growth while loading (measured 297.9 MB against a planned 299.8 MB: the fp32 model
+# plus the memory-mapped bf16 checkpoint).
 PLAN_TOLERANCE = 0.02
-LOAD_TOLERANCE = 0.5
+LOAD_TOLERANCE = 0.15
 
 
 @pytest.fixture(scope="module")
