@@ -216,17 +216,19 @@ class Plan:
         too_big = [r for r in self.rows if r.status == "too big"]
         if too_big:
             lines = [
-                f"- {r.what} ({r.where}): needs {r.need / 1e9:.1f} GB of {r.have / 1e9:.1f} GB "
-                f"({r.share:.0%}; at most {FAIL_ABOVE:.0%} leaves the allocator room). {r.fix}"
+                f"- {r.what} ({r.where}): needs {r.need / 1e9:.1f} GB of {r.have / 1e9:.1f} GB ({r.share:.0%}). {r.fix}"
                 for r in too_big
             ]
             raise ParameterError(f"{self.title}: this run does not fit.\n" + "\n".join(lines))
         for r in self.rows:
             if r.status == "close":
                 warnings.warn(
-                    f"{self.title}: {r.what} ({r.where}) uses {r.share:.0%} of {r.have / 1e9:.1f} GB. {r.fix}",
+                    f"{self.title}: {r.what} ({r.where}) uses {r.share:.0%} of {r.have / 1e9:.1f} GB, close to "
+                    f"the limit for an estimate. {r.fix}",
                     stacklevel=2,
                 )
+        compared = [r for r in self.rows if r.share is not None]
+        print("It fits: " + "; ".join(f"{r.what} {r.share:.0%} ({r.status})" for r in compared))
 
 
 def _activations(size: ModelSize, batch: int, seq: int, act_bytes: int, checkpointing: bool) -> int:
@@ -372,7 +374,9 @@ def plan_training(
     )
     local_disk += export_bytes * p  # rank 0 writes the consolidated model before it is uploaded
     local_disk += stored * size.params  # the Hub download, in each node's Hugging Face cache
-    details.update(load_bytes_rank0=(4 + stored) * p, checkpoint_bytes=checkpoint_bytes, local_disk_bytes=local_disk)
+    details.update(
+        load_bytes_rank0=(4 + stored) * p, checkpoint_bytes=checkpoint_bytes, local_disk_bytes=local_disk
+    )
     if not on_gpu:  # the workers' devices are this machine's RAM too
         host += device * n
     where_gpu = "per GPU" if on_gpu else "per CPU worker"
