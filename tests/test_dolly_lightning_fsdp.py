@@ -47,6 +47,17 @@ def test_fsdp_really_shards(smoke_run):
 
 
 @pytest.mark.notebook
+def test_plan_matches_what_the_shards_hold(smoke_run):
+    results, _ = smoke_run
+    plan = results["plan"]
+    # After the first step each rank's FSDP shard of the fp32 weights and its AdamW moments, against the
+    # "will it fit?" plan's 4 and 8 bytes per parameter over 2 workers (measured: equal, to the byte).
+    for held in results["state_bytes"]:
+        assert held["param_bytes"] == pytest.approx(plan["param_bytes_per_rank"], rel=0.02)
+        assert held["optimizer_bytes"] == pytest.approx(plan["optimizer_bytes_per_rank"], rel=0.02)
+
+
+@pytest.mark.notebook
 def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(smoke_run):
     results, _ = smoke_run
     check_cluster_run(results, KILL_AT, STEPS_PER_EPOCH, REPLAY_TOLERANCE)
