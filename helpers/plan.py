@@ -290,8 +290,9 @@ def plan_training(
 ) -> Plan:
     """Plan a run. `cluster`: {node type: count} of `NODE_TYPES`, or None for this machine's CPU workers.
 
-    sharding: "fsdp" or "zero1" / "zero2" / "zero3". gather_bytes: bytes per element FSDP gathers the
-    weights in (4 for Lightning's "16-mixed", 2 for a bf16 MixedPrecisionPolicy). offload: "none",
+    sharding: "fsdp" or "zero0" ... "zero3". gather_bytes: bytes per element FSDP gathers the weights
+    in (2 for 16-bit mixed precision: Lightning's "16-mixed" and "bf16-mixed", a bf16
+    MixedPrecisionPolicy; 4 for "32-true"). offload: "none",
     "optimizer" or "optimizer+params". loading: "every rank" loads the full fp32 model, "rank 0" only
     rank 0 (the others build on `meta`). checkpoint: "staged" (each rank writes a local folder that Ray
     uploads) or "streamed" (written straight to storage). export_bytes: bytes per element of a
@@ -369,9 +370,9 @@ def plan_training(
     checkpoint_bytes = 12 * p + export_bytes * p  # weights and moments in fp32 (+ the export)
     host_ckpt = 12 * p // n * per_node if checkpoint == "staged" else 0  # shards copied to CPU
     consolidate = (4 * p + 4 * size.largest_tensor) if export_bytes else 0  # rank 0: full fp32, in place
-    local_disk = max(
-        12 * p // n * per_node if checkpoint == "staged" else 0, 12 * p if checkpoint == "staged" else 0
-    )
+    # Staged: each rank's shard is written locally before Ray uploads it, and on a restart every node
+    # downloads the whole checkpoint (`as_directory`), the larger of the two.
+    local_disk = 12 * p if checkpoint == "staged" else 0
     local_disk += export_bytes * p  # rank 0 writes the consolidated model before it is uploaded
     local_disk += stored * size.params  # the Hub download, in each node's Hugging Face cache
     details.update(
