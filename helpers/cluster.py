@@ -23,6 +23,7 @@ __all__ = [
     "check_resources",
     "ResourceRequestError",
     "gpus_for_one_task",
+    "on_every_node",
     "prefetch_model_on_nodes",
     "LOG_NOISE",
     "RAY_ENV",
@@ -251,6 +252,27 @@ def gpus_for_one_task(name: str, wanted: int) -> int:
     return min(wanted, most)
 
 
+def on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
+    """Run the Ray remote function `task(*args)` once on every alive node that can run a worker (with a
+    GPU if `use_gpu`, else with a CPU); return {"address node-id": its result}.
+
+    Used by the node-by-node checks before `fit()`: `prefetch_model_on_nodes` and
+    `helpers.storage.check_storage_from_nodes`.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = _alive_nodes(use_gpu)
+    refs = [
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            *args
+        )
+        for n in nodes
+    ]
+    labels = [n["NodeManagerAddress"] + " " + n["NodeID"][:8] for n in nodes]
+    return dict(zip(labels, ray.get(refs), strict=True))
+
+
 def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[str, float]:
     """Put `model_name`'s files on every node that can run a worker, before `fit()`; return seconds per node.
 
@@ -262,7 +284,6 @@ def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[s
     a worker). Used by the Llama notebook's "Start Ray" cell.
     """
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from .validate import ParameterError
 
@@ -283,20 +304,11 @@ def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[s
             return 0.0, f"{type(exc).__name__}: {exc}"
         return time.perf_counter() - start, None
 
-    nodes = _alive_nodes(use_gpu)
-    refs = [
-        fetch.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            model_name
-        )
-        for n in nodes
-    ]
-    answers = dict(
-        zip((n["NodeManagerAddress"] + " " + n["NodeID"][:8] for n in nodes), ray.get(refs), strict=True)
-    )
+    answers = on_every_node(fetch, model_name, use_gpu=use_gpu)
     failed = {node: error for node, (_, error) in answers.items() if error}
     if failed:
         lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())
         raise ParameterError(
-            f"{name}={model_name!r}: {len(failed)} of {len(nodes)} nodes cannot get it ({lines})."
+            f"{name}={model_name!r}: {len(failed)} of {len(answers)} nodes cannot get it ({lines})."
         )
     return {node: seconds for node, (seconds, _) in answers.items()}

@@ -1,7 +1,7 @@
 """Lightning + FSDP on Ray: `RayFSDPStrategy` with sharded checkpoints that work across nodes, on GPUs and CPUs.
 
 Used by the Dolly notebook (section 3). `fsdp_strategy_class()` returns a subclass of Ray's
-`RayFSDPStrategy` that changes three things and nothing else, so FSDP really shards (each of 2
+`RayFSDPStrategy` that changes two things and nothing else, so FSDP really shards (each of 2
 workers holds half the parameters) on CPU workers as on GPUs:
 
 - **Sharded checkpoints, each rank in its own folder.** With `state_dict_type="sharded"` every rank

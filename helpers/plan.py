@@ -39,7 +39,7 @@ import json
 import math
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .validate import ParameterError
@@ -304,7 +304,7 @@ def plan_training(
     size = model_size(config)
     if vocab_size:  # rows added for new tokens (Llama's chat tokens)
         extra = (vocab_size - size.vocab) * size.hidden * 2
-        size = ModelSize(**{**size.__dict__, "params": size.params + extra, "root": size.root + extra})
+        size = replace(size, params=size.params + extra, root=size.root + extra)
     p, n = size.params, num_workers
     on_gpu = cluster is not None
     if on_gpu:

@@ -116,7 +116,8 @@ def check_storage_from_nodes(name: str, value: str) -> int:
     if not is_uri(value) or value.startswith("file://"):
         return 0
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .cluster import on_every_node
 
     @ray.remote(num_cpus=0)
     def probe(uri: str) -> str | None:
@@ -129,22 +130,16 @@ def check_storage_from_nodes(name: str, value: str) -> int:
             return f"{type(exc).__name__}: {exc}"
         return None
 
-    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0]
-    refs = {
-        n["NodeManagerAddress"] + " " + n["NodeID"][:8]: probe.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        ).remote(value)
-        for n in nodes
-    }
-    failed = {node: error for node, error in zip(refs, ray.get(list(refs.values())), strict=True) if error}
+    answers = on_every_node(probe, value)
+    failed = {node: error for node, error in answers.items() if error}
     if failed:
         lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())
         raise ParameterError(
-            f"{name}={value!r}: {len(failed)} of {len(nodes)} Ray nodes cannot write there ({lines}). "
+            f"{name}={value!r}: {len(failed)} of {len(answers)} Ray nodes cannot write there ({lines}). "
             "Workers write the checkpoints, so every node needs the bucket's credentials: instance "
             "credentials, or the AWS_* variables in each node's environment when it was started."
         )
-    return len(nodes)
+    return len(answers)
 
 
 def uri(filesystem, path: str) -> str:

@@ -218,6 +218,14 @@ def listing(uri: str) -> list[str]:
     return sorted(i.path[len(path) :].lstrip("/") for i in infos if i.type == pafs.FileType.File)
 
 
+def check_plan_matches_shards(results: dict, tolerance: float) -> None:
+    """The notebook's "will it fit?" plan against what each rank's shards held after its first step."""
+    plan = results["plan"]
+    for held in results["state_bytes"]:
+        assert held["param_bytes"] == pytest.approx(plan["param_bytes_per_rank"], rel=tolerance)
+        assert held["optimizer_bytes"] == pytest.approx(plan["optimizer_bytes_per_rank"], rel=tolerance)
+
+
 def check_cluster_run(results: dict, kill_at: int | None, resumed_from: int | None, tolerance: float) -> None:
     """What every notebook must show on the cluster: two nodes, a bucket, one real restart that replays."""
     ids = results["worker_node_ids"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import _filesystem, check_cluster_run, listing, smoke_nbval
+from conftest import _filesystem, check_cluster_run, check_plan_matches_shards, listing, smoke_nbval
 
 import helpers
 import helpers.storage
@@ -49,12 +49,9 @@ def test_fsdp_really_shards(smoke_run):
 @pytest.mark.notebook
 def test_plan_matches_what_the_shards_hold(smoke_run):
     results, _ = smoke_run
-    plan = results["plan"]
     # After the first step each rank's FSDP shard of the fp32 weights and its AdamW moments, against the
     # "will it fit?" plan's 4 and 8 bytes per parameter over 2 workers (measured: equal, to the byte).
-    for held in results["state_bytes"]:
-        assert held["param_bytes"] == pytest.approx(plan["param_bytes_per_rank"], rel=0.02)
-        assert held["optimizer_bytes"] == pytest.approx(plan["optimizer_bytes_per_rank"], rel=0.02)
+    check_plan_matches_shards(results, tolerance=0.02)
 
 
 @pytest.mark.notebook

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import check_cluster_run, listing, smoke_nbval
+from conftest import check_cluster_run, check_plan_matches_shards, listing, smoke_nbval
 from zero_rank import zero_rank
 
 NAME = "gpt2_deepspeed"
@@ -48,12 +48,9 @@ def test_stage3_partitions_parameters(stage3_run):
 @pytest.mark.notebook
 def test_plan_matches_what_the_zero3_partitions_hold(stage3_run):
     results, _ = stage3_run
-    plan = results["plan"]
     # Each rank's bf16 weight partition and its fp32 master weights + AdamW moments (DeepSpeed's 2 + 12
     # bytes per parameter of its half); ZeRO pads each partition to a multiple of the world size.
-    for held in results["state_bytes"]:
-        assert held["param_bytes"] == pytest.approx(plan["param_bytes_per_rank"], rel=PLAN_TOLERANCE)
-        assert held["optimizer_bytes"] == pytest.approx(plan["optimizer_bytes_per_rank"], rel=PLAN_TOLERANCE)
+    check_plan_matches_shards(results, PLAN_TOLERANCE)
     assert results["offload"] == "none"
 
 

@@ -47,42 +47,43 @@ def test_fsdp_model_states_agree_with_deepspeeds_zero3_estimate():
     assert ours / ds_gpu == pytest.approx(16 / 18, rel=0.01)
 
 
+# The notebooks' full-scale plans, as their "Will it fit?" cells call plan_training.
+DOLLY = dict(
+    title="dolly",
+    model_name="databricks/dolly-v2-7b",
+    num_workers=16,
+    cluster={"g4dn.8xlarge": 1, "g4dn.4xlarge": 15},
+    batch_size=5,
+    seq_len=256,
+    activation_checkpointing=True,
+    sharding="fsdp",
+    gather_bytes=2,
+    offload="optimizer+params",
+)
+LLAMA = dict(
+    title="llama",
+    model_name="meta-llama/Llama-2-70b-chat-hf",
+    num_workers=16,
+    cluster={"p4de.24xlarge": 2},
+    batch_size=1,
+    seq_len=2048,
+    activation_checkpointing=True,
+    sharding="fsdp",
+    gather_bytes=2,
+    loading="rank 0",
+    checkpoint="streamed",
+    export_bytes=2,
+    num_to_keep=2,
+    foreach_optimizer=False,
+)
+
+
 def _dolly(**overrides):
-    args = dict(
-        title="dolly",
-        model_name="databricks/dolly-v2-7b",
-        num_workers=16,
-        cluster={"g4dn.8xlarge": 1, "g4dn.4xlarge": 15},
-        batch_size=5,
-        seq_len=256,
-        activation_checkpointing=True,
-        sharding="fsdp",
-        gather_bytes=2,
-        offload="optimizer+params",
-        fixes=FIXES,
-    )
-    return hp.plan_training(**{**args, **overrides})
+    return hp.plan_training(**{**DOLLY, "fixes": FIXES, **overrides})
 
 
 def _llama(**overrides):
-    args = dict(
-        title="llama",
-        model_name="meta-llama/Llama-2-70b-chat-hf",
-        num_workers=16,
-        cluster={"p4de.24xlarge": 2},
-        batch_size=1,
-        seq_len=2048,
-        activation_checkpointing=True,
-        sharding="fsdp",
-        gather_bytes=2,
-        loading="rank 0",
-        checkpoint="streamed",
-        export_bytes=2,
-        num_to_keep=2,
-        foreach_optimizer=False,
-        fixes=FIXES,
-    )
-    return hp.plan_training(**{**args, **overrides})
+    return hp.plan_training(**{**LLAMA, "fixes": FIXES, **overrides})
 
 
 def _row(plan, what):
