@@ -24,12 +24,13 @@ from .fixtures import (
     play_script_fixture,
 )
 from .flops import dense_peak_flops, model_flops_utilization
+from .glue import GLUE_TASKS, GlueTask
 from .memory import PeakRSS
 from .metrics import GLUE_METRICS, GlueMetric
 from .plots import plot_losses
 from .results import REQUIRED_KEYS, Stopwatch, write_results
 from .sharding import zero_partition_fraction, zero_state_bytes
-from .smoke import smoke_overrides
+from .smoke import check_parameter_names, parameter_values, smoke_overrides
 from .storage import check_storage_from_nodes, check_storage_path
 from .tiny_models import TINY_ARCHS, tiny_model
 from .validate import (
@@ -48,6 +49,8 @@ __all__ = [
     "AG_NEWS_LABELS",
     "GLUE_METRICS",
     "GLUE_SCHEMAS",
+    "GLUE_TASKS",
+    "GlueTask",
     "GlueMetric",
     "PeakRSS",
     "INSTANCE_PRICES",
@@ -65,6 +68,7 @@ __all__ = [
     "glue_fixture",
     "hub_offline",
     "check_choice",
+    "check_parameter_names",
     "check_int",
     "check_max_positions",
     "check_positive",
@@ -76,6 +80,7 @@ __all__ = [
     "check_source_available",
     "model_max_positions",
     "model_flops_utilization",
+    "parameter_values",
     "play_script_fixture",
     "plot_losses",
     "run_cost",

@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 
 from .cache import build_once
+from .glue import GLUE_TASKS
 
 __all__ = [
     "ag_news_fixture",
@@ -189,17 +190,10 @@ def chat_fixture(num_train: int = 600, num_test: int = 60) -> str:
 
 # ---- GLUE: every task, in the layout of the Hub's `nyu-mll/glue` parquet files --------------
 
-# (text columns, label names or "float" for stsb regression); as in the real GLUE configs.
+# Per data folder: the text columns and the label names ("float": a regression), from the one task table.
 GLUE_SCHEMAS = {
-    "cola": (["sentence"], ["unacceptable", "acceptable"]),
-    "sst2": (["sentence"], ["negative", "positive"]),
-    "mrpc": (["sentence1", "sentence2"], ["not_equivalent", "equivalent"]),
-    "qqp": (["question1", "question2"], ["not_duplicate", "duplicate"]),
-    "stsb": (["sentence1", "sentence2"], "float"),
-    "mnli": (["premise", "hypothesis"], ["entailment", "neutral", "contradiction"]),
-    "qnli": (["question", "sentence"], ["entailment", "not_entailment"]),
-    "rte": (["sentence1", "sentence2"], ["entailment", "not_entailment"]),
-    "wnli": (["sentence1", "sentence2"], ["not_entailment", "entailment"]),
+    task.folder: (list(task.text_columns), list(task.labels) if task.labels else "float")
+    for task in GLUE_TASKS.values()
 }
 
 _GLUE_WORDS = {  # two "genres", like MNLI's matched and mismatched validation sets

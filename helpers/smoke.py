@@ -1,13 +1,53 @@
-"""Smoke mode: swap the full-scale defaults for a laptop's, and keep whatever the user passed.
+"""The notebook's parameters: names papermill may pass, smoke mode's replacements, the values a run used.
 
-Used by the "Smoke mode" cell of every notebook.
+Used by the "Smoke mode" cell of every notebook (and `parameter_values` by the "Results" cell).
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
+import json
 
-__all__ = ["smoke_overrides", "papermill_parameters"]
+from .validate import ParameterError
+
+__all__ = ["check_parameter_names", "parameter_values", "smoke_overrides", "papermill_parameters", "RENAMED"]
+
+# Names these notebooks (or the tutorials they come from) used before the suite agreed on one name per
+# idea; a batch job that still passes one is told the new name.
+RENAMED = {
+    "BATCH_SIZE": "BATCH_SIZE_PER_WORKER",
+    "SEQ_LENGTH": "MAX_SEQ_LEN",
+    "MAX_LENGTH": "MAX_SEQ_LEN",
+    "LR": "LEARNING_RATE",
+    "MODEL_CHECKPOINT": "MODEL_NAME",
+    "TUTORIAL_STEPS": "MAX_STEPS_PER_EPOCH",
+}
+
+
+def _history() -> list[str]:
+    """The sources of the cells this kernel has executed, oldest first (IPython's `In`); [] outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return []
+    shell = get_ipython()
+    return list(shell.user_ns.get("In", [])) if shell else []
+
+
+def _assigned(source: str) -> list[str]:
+    tree = ast.parse(source)
+    return [
+        t.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    ]
+
+
+def _is_injected(source: str) -> bool:
+    return source.lstrip().startswith("# Parameters")  # the cell papermill adds after the parameters cell
 
 
 def papermill_parameters() -> set[str]:
@@ -16,18 +56,56 @@ def papermill_parameters() -> set[str]:
     papermill injects its values as a cell that starts with `# Parameters`, right after the parameters
     cell; IPython keeps every executed cell's source in `In`. Outside IPython, or without papermill: none.
     """
-    try:
-        from IPython import get_ipython
+    return {name for source in _history() if _is_injected(source) for name in _assigned(source)}
 
-        shell = get_ipython()
-    except ImportError:
-        return set()
-    names: set[str] = set()
-    for source in shell.user_ns.get("In", []) if shell else []:
-        if source.lstrip().startswith("# Parameters"):
-            tree = ast.parse(source)
-            names |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets}
-    return names
+
+def _parameters_cell_names() -> list[str]:
+    """The names the notebook's parameters cell assigns: the last executed cell (not papermill's) that
+    sets both SMOKE_TEST and RESULTS_PATH, which every notebook's parameters cell ends with."""
+    for source in reversed(_history()):
+        if _is_injected(source) or "SMOKE_TEST" not in source:
+            continue
+        try:
+            names = _assigned(source)
+        except SyntaxError:
+            continue
+        if {"SMOKE_TEST", "RESULTS_PATH"} <= set(names):
+            return names
+    return []
+
+
+def check_parameter_names() -> list[str]:
+    """Fail on a name that papermill passed and the parameters cell does not define; return the parameters.
+
+    papermill only warns about such a name and runs with the default, so `-p BATCH_SIZE 4` on a notebook
+    whose parameter is `BATCH_SIZE_PER_WORKER` would train with the default batch size without a word.
+    """
+    known = _parameters_cell_names()
+    unknown = sorted(papermill_parameters() - set(known)) if known else []
+    if unknown:
+        hints = []
+        for name in unknown:
+            guess = RENAMED.get(name) if RENAMED.get(name) in known else None
+            guess = guess or next(iter(difflib.get_close_matches(name, known, n=1)), None)
+            hints.append(f"{name} (did you mean {guess}?)" if guess else name)
+        raise ParameterError(
+            f"Unknown parameter{'s' if len(unknown) > 1 else ''} passed to this notebook: {', '.join(hints)}. "
+            f"Its parameters are: {', '.join(known)}."
+        )
+    return known
+
+
+def parameter_values(namespace: dict) -> dict:
+    """Every parameter's value as the run used it (after smoke mode), for the results file."""
+    values = {}
+    for name in _parameters_cell_names():
+        value = namespace.get(name)
+        try:
+            json.dumps(value)
+        except TypeError:
+            value = str(value)
+        values[name] = value
+    return values
 
 
 def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
@@ -36,7 +114,7 @@ def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
     `table` maps a parameter's name to `(full-scale default, smoke value)`. A parameter that papermill
     passed (even with the default's value, such as `-p KILL_WORKER_AT_STEP 0`), or whose value in
     `namespace` (the notebook's globals) differs from its default (edited, or set by an environment
-    variable such as `STORAGE_PATH`), is kept. Prints what was replaced and what was kept.
+    variable such as `STORAGE_PATH`), is kept. Prints a table of what was replaced and what was kept.
     """
     replaced, kept = {}, {}
     passed = papermill_parameters()
@@ -46,12 +124,16 @@ def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
             replaced[name] = smoke
         else:
             kept[name] = current
+
+    def short(value) -> str:
+        text = repr(value)
+        return text if len(text) <= 40 else "..." + text[-37:]
+
     width = max(map(len, table), default=0)
-    print("Smoke mode replaced the full-scale defaults:")
-    for name, value in replaced.items():
-        print(f"  {name:<{width}}  {table[name][0]!r} -> {value!r}")
-    if kept:
-        print("and kept what you passed:")
-        for name, value in kept.items():
-            print(f"  {name:<{width}}  {value!r}")
+    print(f"Smoke mode: {len(replaced)} full-scale defaults replaced, {len(kept)} values you set kept")
+    print(f"  {'parameter':<{width}}  {'full scale':<24}  smoke run")
+    for name in table:
+        value = replaced.get(name, kept.get(name))
+        note = "" if name in replaced else "   (yours, kept)"
+        print(f"  {name:<{width}}  {short(table[name][0]):<24}  {short(value)}{note}")
     return replaced
