@@ -69,7 +69,13 @@ html_theme = "pydata_sphinx_theme"
 html_title = project
 html_static_path = ["_static"]
 html_css_files = ["site.css"]
-html_sidebars = {"index": [], "api": []}  # pages with no siblings: no empty "Section Navigation"
+html_sidebars = {
+    "index": [],  # pages with no siblings: no empty "Section Navigation"
+    "api": [],
+    # Notebook pages give the left column to their code (lines up to ~120 characters; see _static/site.css):
+    # the other tutorials stay one click away in the header bar and the previous/next links.
+    "notebooks/*": [],
+}
 html_theme_options = {
     "logo": {"text": "LLM fine-tuning on Ray"},
     "navigation_with_keys": False,

@@ -1,5 +1,7 @@
 """How much CPU memory a block of code took in this process, at its peak: the Llama notebook's RAM table.
 
+Used in section 6 of llama_fsdp ("Load and shard, measured") and read back in section 8 ("Challenge 1, RAM").
+
 Like the `TorchTracemalloc` tracker of the Hugging Face "Fine-tuning Llama 2 70B using PyTorch FSDP"
 post, for the CPU side: resident memory (RSS) before, at the end, and at its peak, sampled by a
 background thread, because a peak inside a C++ call (reading a checkpoint) is gone by the time

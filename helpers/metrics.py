@@ -2,7 +2,8 @@
 
 `evaluate.load("glue", task)` downloads the metric's code from the Hugging Face Hub when it is
 called, so it fails offline (and in smoke mode). `GlueMetric` returns the same names and values
-as that metric, from the same library calls it makes.
+as that metric, from the same library calls it makes. Used by the "The training function" section of
+glue_text_classification (`make_compute_metrics`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Loss curves drawn from what a run reported. Used at the end of every notebook."""
+"""Loss curves drawn from what a run reported: the "What the run did" (or "The curves") section of every
+notebook."""
 
 from __future__ import annotations
 

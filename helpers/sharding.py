@@ -2,7 +2,7 @@
 
 A run that silently fell back to plain data parallelism trains fine, so losses alone cannot
 tell. These numbers can: with 2 workers each rank holds about 0.5 of what is sharded,
-and a fall-back shows 1.0. Used in the GPT-2 DeepSpeed notebook (ZeRO) and the FSDP notebooks.
+and a fall-back shows 1.0. Used by the training function of gpt2_deepspeed (section 5, ZeRO) and read in its section 8.
 """
 
 from __future__ import annotations

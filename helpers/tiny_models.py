@@ -4,7 +4,8 @@ Smoke mode swaps `MODEL_NAME = "gpt2"` (or dolly, Llama, DistilBERT) for the fol
 here; everything after that line is the full-scale code. Each checkpoint has the same
 architecture class as the real model (`GPT2LMHeadModel`, `GPTNeoXForCausalLM` with its
 `GPTNeoXLayer`, `LlamaForCausalLM`, `DistilBertForMaskedLM`) and a tokenizer
-trained in about a second on the fixture text of the notebook that uses it.
+trained in about a second on the fixture text of the notebook that uses it. Used by every
+notebook's "Smoke mode" cell.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ TINY_ARCHS: dict[str, _Spec] = {
         _chat_corpus,
         {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
     ),
-    # DistilBERT (glue_text_classification): the default MODEL_CHECKPOINT's family.
+    # DistilBERT (glue_text_classification): the default MODEL_NAME's family.
     "distilbert": _Spec(
         "DistilBertConfig",
         dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128, max_position_embeddings=128),

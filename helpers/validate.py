@@ -2,7 +2,8 @@
 
 Every check raises `ParameterError` (a `ValueError`) with the parameter's name, the value
 given and what is allowed, instead of letting a bad value surface minutes later as a
-shape error inside a Ray worker.
+shape error inside a Ray worker. Used by the "Check the parameters" cells of every notebook (and
+`choose_attention` by section 6 of llama_fsdp).
 """
 
 from __future__ import annotations
