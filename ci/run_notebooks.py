@@ -1,38 +1,407 @@
-"""`make run`: execute every notebook in notebooks/ in smoke mode with papermill, then summarise.
+"""`make run`: execute the notebooks in notebooks/ in smoke mode with papermill, then summarise.
 
-Writes runs/<timestamp>/ with each executed notebook, its results JSON, and summary.md /
-summary.json (per notebook: ok or failed, wall seconds, final loss or metric). Prints the folder.
-Smoke mode needs no network, so the Hugging Face libraries are told to stay offline.
+Writes runs/<timestamp>/ with, per notebook, the executed notebook (all of its outputs; written also when
+a cell fails), its results JSON and NAME.log (everything it printed, unfiltered: the cells' stdout and
+stderr as they came, the kernel's own messages, papermill's log); then summary.md, summary.json and
+summary.html (ci/run_summary.py: per notebook the status, wall time, the numbers the lesson is about and
+the loss curve). Only SMOKE_TEST and RESULTS_PATH are passed to the notebooks. Smoke mode needs no
+network, so the Hugging Face libraries are told to stay offline.
 
+While it works it prints what a person can follow (`Progress`): the notebook and the section (the
+Markdown heading) being executed, the training lines (step and loss, at most one every 2 s per
+notebook, always the last), evaluations, the killed worker and the resume; not the rest (Ray's
+prefixes and colours, warnings, progress bars, module dumps, blank lines), which is in NAME.log.
+
+`--notebook NAME[,NAME...]` (`make run NOTEBOOK=llama_fsdp`): only those notebooks.
 `--cluster` (`make run CLUSTER=1`): start the local cluster first (ci/local_cluster.py: two Ray nodes,
-an S3 bucket), run every notebook on it with `STORAGE_PATH` in the bucket, and stop it at the end,
+an S3 bucket), run the notebooks on it with `STORAGE_PATH` in the bucket, and stop it at the end,
 also when a notebook fails or the run is interrupted.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
+import ast
+import functools
+import logging
 import os
+import re
 import sys
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
-import papermill
-
 ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+sys.path.insert(0, str(ROOT / "ci"))
+from run_summary import final_number, load_results, write_summaries  # noqa: E402
+
+# ------------------------------------------------------------------------------------------- progress
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# Ray's prefix of a line forwarded from a worker: "(RayTrainWorker pid=11428, ip=10.0.0.2) ", "(raylet) "
+RAY_PREFIX = re.compile(r"^\((?:[^()]|\([^()]*\))*?(?:\bpid=\d+|\braylet\b|\bautoscaler\b)[^()]*\)\s?")
+RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
+TQDM = re.compile(
+    r"^(?P<desc>[^|]*?):?\s*(?:\d+%)?\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+|\?)\s*\[(?P<info>[^\]]*)\]"
+)
+TQDM_LOSS = re.compile(r"(\w*loss\w*)=([-+\d.eE]+|nan|inf)")
+STEP_LOSS = re.compile(r"\bstep\s+\d+(?:/\d+)?\b.*\bloss\b", re.IGNORECASE)
+ALERTS = re.compile(r"killing my own process|^A worker died or was killed|^\[FailurePolicy\]|^Killed at step")
+NOTES = re.compile(r"^(?:Finished\b|Resumed\b|Restored all states|Started training worker group|It fits:)")
+MAX_LINE = 160
+print_now = functools.partial(print, flush=True)
 
 
-def final_number(results: dict) -> str:
-    """The number a reader looks for first: the final metric if there is one, else the last loss."""
-    metrics = results.get("eval_metrics") or {}
-    if metrics:
-        return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, (int, float)))
-    return f"loss {results['losses'][-1]:.4f}" if results.get("losses") else "-"
+def _shorten(text: str) -> str:
+    """A long line down to its first sentence, or to MAX_LINE characters."""
+    if len(text) <= MAX_LINE:
+        return text
+    end = text.find(". ", 40)
+    return text[: end + 1] if 0 < end < MAX_LINE else text[: MAX_LINE - 1] + "…"
 
 
-def main() -> int:
-    if "--cluster" in sys.argv[1:]:
-        sys.path.insert(0, str(ROOT / "ci"))
+def _hf_log(text: str) -> tuple[str, str] | None:
+    """The Hugging Face Trainer's log dicts: {'loss': ..., 'epoch': ...}, the eval dict, the final one."""
+    try:
+        logs = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(logs, dict):
+        return None
+    epoch = f"epoch {logs['epoch']} " if "epoch" in logs else ""
+    if "loss" in logs:
+        lr = f" lr {logs['learning_rate']}" if "learning_rate" in logs else ""
+        return "step", f"{epoch}loss {logs['loss']}{lr}"
+    evals = {
+        k.removeprefix("eval_"): v
+        for k, v in logs.items()
+        if k.startswith("eval_") and k != "eval_runtime" and "per_second" not in k
+    }
+    if evals:
+        where = f" ({epoch.strip()})" if epoch else ""
+        return "note", f"eval{where}: " + ", ".join(f"{k} {v}" for k, v in evals.items())
+    if "train_loss" in logs:
+        runtime = f" in {logs['train_runtime']} s" if "train_runtime" in logs else ""
+        return "note", f"trained: train_loss {logs['train_loss']}{runtime}"
+    return None
+
+
+def classify(line: str) -> tuple[str, str] | None:
+    """One line of a cell's output -> ("step" | "note" | "alert", text to show), or None: not shown.
+
+    `line` is one line as the kernel sent it (ANSI colours, Ray's prefix, carriage returns of a
+    progress bar and all); the text shown is without them."""
+    segments = [s for s in ANSI.sub("", line).split("\r") if s.strip()]
+    if not segments:
+        return None
+    text = RAY_PREFIX.sub("", segments[-1])  # a progress bar's last state; Ray's prefix is on the first
+    text = RAY_REPEATED.sub("", text).strip()
+    text = text.removeprefix("INFO: ").strip()  # Lightning logs each message twice, once with INFO:
+    if not text:
+        return None
+    bar = TQDM.match(text)
+    if bar:  # a progress bar: shown only where it carries a loss (Lightning's train_loss=...)
+        losses = TQDM_LOSS.findall(bar["info"])
+        if not losses or bar["n"] == "0":  # at 0: the loss is the previous epoch's
+            return None
+        desc = bar["desc"].strip().lower()
+        return "step", f"{desc} step {bar['n']}/{bar['total']} " + " ".join(f"{k} {v}" for k, v in losses)
+    if text.startswith("{") and text.endswith("}"):
+        return _hf_log(text)
+    if ALERTS.search(text):
+        return "alert", _shorten(text.rstrip(":"))
+    if NOTES.search(text):
+        return "note", _shorten(text.rstrip(":"))
+    if STEP_LOSS.search(text):
+        return "step", _shorten(" ".join(text.split()))
+    return None
+
+
+def _heading(markdown: str) -> str | None:
+    """The last `##`-or-deeper heading of a Markdown cell, without its #s and inline markup."""
+    found = None
+    for line in markdown.splitlines():
+        match = re.match(r"^#{2,6}\s+(.+?)\s*#*\s*$", line)
+        if match:
+            found = re.sub(r"`|\*\*|__", "", match.group(1)).strip()
+    return found
+
+
+class Progress:
+    """What `make run` prints about one notebook while it runs (see the module docstring).
+
+    `cell(cell)` for every cell as it starts (nbclient's on_cell_start), `feed(text, stream)` for the
+    cells' output as it comes (any chunks: lines are put back together), `cell_done()` at the end of
+    a cell. `write` prints one line; `clock` gives seconds (a fake one in the tests).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        write: Callable[[str], None] = print_now,
+        clock: Callable[[], float] = time.monotonic,
+        min_interval: float = 2.0,
+    ) -> None:
+        self.name, self.write, self.clock, self.min_interval = name, write, clock, min_interval
+        self.started = clock()
+        self.heading: str | None = None
+        self._shown_heading: str | None = None
+        self._buffers: dict[str, str] = {}
+        self._pending: str | None = None  # the latest step line held back
+        self._last_step: float | None = None
+        self._last_line: str | None = None
+
+    def stamp(self) -> str:
+        seconds = int(self.clock() - self.started)
+        return f"[{self.name} {seconds // 60}:{seconds % 60:02d}]"
+
+    def start(self, detail: str = "") -> None:
+        self.started = self.clock()
+        self.write(f"{self.stamp()} started{detail}")
+
+    def cell(self, cell) -> None:
+        source = cell.get("source") or ""
+        if cell.get("cell_type") == "markdown":
+            self.heading = _heading(source) or self.heading
+        elif cell.get("cell_type") == "code" and source.strip():
+            self.cell_done()
+            if self.heading and self.heading != self._shown_heading:
+                self._shown_heading = self.heading
+                self.write(f"{self.stamp()} § {self.heading}")
+
+    def feed(self, text: str, stream: str = "stdout") -> None:
+        buffer = self._buffers.get(stream, "") + text
+        *lines, rest = buffer.split("\n")
+        if len(rest) > 10_000 and "\r" in rest:  # a progress bar redrawn in place for a long time
+            rest = "\r" + rest.rsplit("\r", 1)[-1]
+        self._buffers[stream] = rest
+        for line in lines:
+            self._line(line)
+
+    def cell_done(self) -> None:
+        for stream, rest in list(self._buffers.items()):
+            self._buffers[stream] = ""
+            self._line(rest)
+        self._flush()
+
+    def alert(self, text: str) -> None:
+        self._show("alert", text)
+
+    def _line(self, line: str) -> None:
+        shown = classify(line)
+        if shown:
+            self._show(*shown)
+
+    def _show(self, kind: str, text: str) -> None:
+        if kind == "step":
+            now = self.clock()
+            if self._last_step is not None and now - self._last_step < self.min_interval:
+                self._pending = text
+                return
+            self._pending = None
+            self._last_step = now
+        else:
+            self._flush()  # the step line held back comes first: it happened before this one
+        if text == self._last_line:
+            return
+        self._last_line = text
+        self.write(("  ! " if kind == "alert" else "    ") + text)
+
+    def _flush(self) -> None:
+        if self._pending:
+            text, self._pending = self._pending, None
+            self._last_step = self.clock()
+            self._show_now(text)
+
+    def _show_now(self, text: str) -> None:
+        if text != self._last_line:
+            self._last_line = text
+            self.write("    " + text)
+
+
+# ------------------------------------------------------------------------------------------- running
+
+
+def select_notebooks(spec: str | None) -> list[Path]:
+    """The notebooks `--notebook` names (comma-separated stems, file names or paths), in that order;
+    all of them, sorted, without it. ValueError for a name that is not one of them."""
+    available = sorted(NOTEBOOKS.glob("*.ipynb"))
+    if not spec or not spec.strip():
+        return available
+    by_name = {p.stem: p for p in available}
+    chosen = []
+    for name in (n.strip() for n in spec.split(",")):
+        stem = Path(name).name.removesuffix(".ipynb") if name else ""
+        if stem not in by_name:
+            raise ValueError(f"unknown notebook {name!r}; the notebooks are: {', '.join(by_name)}")
+        if by_name[stem] not in chosen:
+            chosen.append(by_name[stem])
+    return chosen
+
+
+def _notebook_title(path: Path) -> str:
+    import nbformat
+
+    try:
+        first = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0]
+    except Exception:  # noqa: BLE001 - the title is decoration
+        return ""
+    return re.sub(r"[`*]", "", first.lstrip("#").strip())
+
+
+class _Stream:
+    """What papermill writes a cell's stdout or stderr to: the log, and `Progress`."""
+
+    def __init__(self, name: str, log, progress: Progress) -> None:
+        self.name, self.log, self.progress = name, log, progress
+
+    def write(self, text: str) -> None:
+        self.log.write(text)
+        self.progress.feed(text, self.name)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+
+class _LogHandler(logging.Handler):
+    """papermill's (and nbclient's) log: all of it into the log, warnings and errors shown too."""
+
+    def __init__(self, log, progress: Progress) -> None:
+        super().__init__(logging.INFO)
+        self.log, self.progress = log, progress
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.log.write(f"[papermill {record.levelname}] {message}\n")
+        if record.levelno >= logging.WARNING:
+            self.progress.alert(_shorten(f"papermill: {message.strip().splitlines()[0]}"))
+
+
+def execute(notebook: Path, run_dir: Path, progress: Progress) -> tuple[str, str]:
+    """Run one notebook with papermill into `run_dir` (executed notebook, NAME.log, the results JSON the
+    notebook writes); return (status, error)."""
+    import papermill
+    from jupyter_client.manager import AsyncKernelManager
+
+    name = notebook.stem
+    results_path = run_dir / f"{name}.json"
+    with open(run_dir / f"{name}.log", "a", buffering=1, encoding="utf-8", errors="replace") as log:
+
+        class KernelManager(AsyncKernelManager):
+            async def start_kernel(self, **kw):
+                # the kernel's own messages ("Kernel is running over TCP without encryption...") go to the log
+                kw.setdefault("stdout", log)
+                kw.setdefault("stderr", log)
+                return await super().start_kernel(**kw)
+
+        def on_cell_start(cell, cell_index: int) -> None:
+            progress.cell(cell)
+            if cell.cell_type == "code" and cell.source.strip():
+                where = f" - § {progress.heading}" if progress.heading else ""
+                log.write(f"\n----- cell {cell_index}{where} -----\n")
+
+        def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+            log.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+        logger = logging.getLogger("papermill")
+        handler, level, propagate = _LogHandler(log, progress), logger.level, logger.propagate
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        status, error = "ok", ""
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = show_warning  # this process's warnings: into the log too
+                papermill.execute_notebook(
+                    str(notebook),
+                    str(run_dir / f"{name}.ipynb"),
+                    parameters={"SMOKE_TEST": True, "RESULTS_PATH": str(results_path)},
+                    kernel_name="python3",
+                    cwd=str(notebook.parent),
+                    progress_bar=False,
+                    stdout_file=_Stream("stdout", log, progress),
+                    stderr_file=_Stream("stderr", log, progress),
+                    kernel_manager_class=KernelManager,
+                    on_cell_start=on_cell_start,
+                    on_cell_executed=lambda cell, cell_index, execute_reply: progress.cell_done(),
+                )
+        except Exception as exc:  # noqa: BLE001 - recorded in the summary, the run goes on
+            status, error = "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+            log.write(f"\n----- failed: {exc}\n")
+        finally:
+            progress.cell_done()
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+    if status == "ok" and not results_path.exists():
+        status, error = "failed", "no results file written"
+    return status, error
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def run(notebooks: list[Path], tag: str = "") -> int:
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ.setdefault(var, "1")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ.setdefault("JUPYTER_PLATFORM_DIRS", "1")  # no "Jupyter is migrating its paths" warning
+    run_dir = ROOT / "runs" / (time.strftime("%Y%m%d-%H%M%S") + (f"-{tag}" if tag else ""))
+    run_dir.mkdir(parents=True)
+    print(
+        f"{len(notebooks)} notebook(s) in smoke mode: {', '.join(p.stem for p in notebooks)}\n"
+        f"Run folder: {_rel(run_dir)} (NAME.log there: everything a notebook printed)",
+        flush=True,
+    )
+    rows = []
+    for notebook in notebooks:
+        name = notebook.stem
+        progress = Progress(name)
+        progress.start()
+        start = time.perf_counter()
+        status, error = execute(notebook, run_dir, progress)
+        wall = time.perf_counter() - start
+        results = load_results(run_dir / f"{name}.json")
+        rows.append(
+            {
+                "notebook": name,
+                "status": status,
+                "wall_seconds": round(wall, 1),
+                "final": final_number(results) if results else "-",
+                "error": error,
+                "title": _notebook_title(notebook),
+            }
+        )
+        print(f"{progress.stamp()} {status} in {wall:.0f} s: {rows[-1]['final']}", flush=True)
+        if error:
+            print(f"  ! {error}\n    see {_rel(run_dir / f'{name}.log')} and {name}.ipynb there", flush=True)
+
+    markdown = write_summaries(run_dir, rows, title=run_dir.name)
+    print("\n" + markdown.rstrip())
+    print(f"\nRun folder: {_rel(run_dir)}\nSummary:    {_rel(run_dir / 'summary.html')}")
+    return 1 if any(r["status"] != "ok" for r in rows) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cluster", action="store_true", help="on the local two-node cluster with S3 storage"
+    )
+    parser.add_argument(
+        "--notebook",
+        metavar="NAME[,NAME...]",
+        help="only these notebooks (names in notebooks/, without .ipynb); default: all",
+    )
+    args = parser.parse_args(argv)
+    try:
+        notebooks = select_notebooks(args.notebook)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.cluster:
         import local_cluster
 
         state, env_file = ROOT / ".cluster-run", ROOT / ".cluster-run" / "cluster.env"
@@ -44,61 +413,10 @@ def main() -> int:
         )
         os.environ.update(driver)
         try:
-            return run(tag="cluster")
+            return run(notebooks, tag="cluster")
         finally:
             local_cluster.down(state, env_file)
-    return run()
-
-
-def run(tag: str = "") -> int:
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        os.environ.setdefault(var, "1")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    run_dir = ROOT / "runs" / (time.strftime("%Y%m%d-%H%M%S") + (f"-{tag}" if tag else ""))
-    run_dir.mkdir(parents=True)
-    rows = []
-    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        name = notebook.stem
-        results_path = run_dir / f"{name}.json"
-        print(f"== {name}", flush=True)
-        start = time.perf_counter()
-        status, error = "ok", ""
-        try:
-            papermill.execute_notebook(
-                str(notebook),
-                str(run_dir / f"{name}.ipynb"),
-                parameters={"SMOKE_TEST": True, "RESULTS_PATH": str(results_path)},
-                kernel_name="python3",
-                cwd=str(notebook.parent),
-                progress_bar=False,
-            )
-        except Exception as exc:  # noqa: BLE001 - recorded in the summary, the run goes on
-            status, error = "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
-        wall = time.perf_counter() - start
-        results = json.loads(results_path.read_text()) if results_path.exists() else {}
-        if status == "ok" and not results:
-            status, error = "failed", "no results file written"
-        rows.append(
-            {
-                "notebook": name,
-                "status": status,
-                "wall_seconds": round(wall, 1),
-                "final": final_number(results) if results else "-",
-                "error": error,
-            }
-        )
-        print(f"   {status} in {wall:.0f} s  {rows[-1]['final']}  {error}", flush=True)
-
-    (run_dir / "summary.json").write_text(json.dumps(rows, indent=2))
-    lines = ["| notebook | status | wall (s) | final loss / metric |", "|---|---|---|---|"]
-    lines += [f"| {r['notebook']} | {r['status']} | {r['wall_seconds']} | {r['final']} |" for r in rows]
-    failed = [r for r in rows if r["status"] != "ok"]
-    lines += [""] + [f"- {r['notebook']}: {r['error']}" for r in failed]
-    (run_dir / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\nRun folder: {run_dir}")
-    return 1 if failed else 0
+    return run(notebooks)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import ARTIFACTS, cluster, execute
+from notebook_runs import ARTIFACTS, execute
 
 import helpers
 
@@ -19,7 +19,16 @@ def _tiny_gpt2():
 CASES = {
     "zero_stage_4": ({"SMOKE_TEST": True, "ZERO_STAGE": 4}, "ParameterError", ["ZERO_STAGE=4", "0, 1, 2, 3"]),
     "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
-    "batch_size_0": ({"SMOKE_TEST": True, "BATCH_SIZE": 0}, "ParameterError", ["BATCH_SIZE=0", "at least 1"]),
+    "batch_size_0": (
+        {"SMOKE_TEST": True, "BATCH_SIZE_PER_WORKER": 0},  # smoke mode replaces 1 by 8, keeps a value passed
+        "ParameterError",
+        ["BATCH_SIZE_PER_WORKER=0", "at least 1"],
+    ),
+    "old_name_batch_size": (
+        {"SMOKE_TEST": True, "BATCH_SIZE": 4},  # papermill alone would warn and train with the default
+        "ParameterError",
+        ["Unknown parameter", "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)", "MAX_STEPS_PER_EPOCH"],
+    ),
     "unknown_offload": (
         {"SMOKE_TEST": True, "OFFLOAD": "gpu"},
         "ParameterError",
@@ -35,16 +44,16 @@ CASES = {
         "ParameterError",
         ["PRECISION='fp16'", "USE_GPU"],
     ),
-    "seq_length_too_long": (
-        {"SEQ_LENGTH": 4096, "MODEL_NAME": _tiny_gpt2, "USE_GPU": False},
+    "max_seq_len_too_long": (
+        {"MAX_SEQ_LEN": 4096, "MODEL_NAME": _tiny_gpt2, "USE_GPU": False},
         "ParameterError",
-        ["SEQ_LENGTH=4096", "128 positions"],
+        ["MAX_SEQ_LEN=4096", "128 positions"],
     ),
     "unknown_dataset_offline": (
         {
             "DATASET_NAME": "no-such-org/no-such-dataset",
             "MODEL_NAME": _tiny_gpt2,
-            "SEQ_LENGTH": 64,
+            "MAX_SEQ_LEN": 64,
             "USE_GPU": False,
         },
         "ParameterError",
@@ -71,7 +80,7 @@ CASES = {
             "USE_GPU": True,
             "CLUSTER": {"g5.12xlarge": 4},  # the plan passes; the Ray cluster here has no GPU
             "MODEL_NAME": _tiny_gpt2,
-            "SEQ_LENGTH": 64,
+            "MAX_SEQ_LEN": 64,
             "DATASET_NAME": helpers.ag_news_fixture,
         },
         "ResourceRequestError",
@@ -82,15 +91,24 @@ CASES = {
 
 GLUE_CASES = {
     "unknown_task": ({"SMOKE_TEST": True, "TASK": "squad"}, "ParameterError", ["TASK='squad'", "'mnli-mm'"]),
-    "batch_size_0": ({"SMOKE_TEST": True, "BATCH_SIZE": 0}, "ParameterError", ["BATCH_SIZE=0", "at least 1"]),
+    "batch_size_0": (
+        {"SMOKE_TEST": True, "BATCH_SIZE_PER_WORKER": 0},  # smoke mode replaces 1 by 8, keeps a value passed
+        "ParameterError",
+        ["BATCH_SIZE_PER_WORKER=0", "at least 1"],
+    ),
+    "old_name_batch_size": (
+        {"SMOKE_TEST": True, "BATCH_SIZE": 4},  # papermill alone would warn and train with the default
+        "ParameterError",
+        ["Unknown parameter", "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)", "GLUE_PATH"],
+    ),
     "no_workers": ({"NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
     "missing_checkpoint_offline": (
-        {"MODEL_CHECKPOINT": "no-such-org/no-such-bert", "USE_GPU": False},
+        {"MODEL_NAME": "no-such-org/no-such-bert", "USE_GPU": False},
         "ParameterError",
-        ["MODEL_CHECKPOINT='no-such-org/no-such-bert'", "offline"],
+        ["MODEL_NAME='no-such-org/no-such-bert'", "offline"],
     ),
     "hub_data_offline": (
-        {"MODEL_CHECKPOINT": lambda: helpers.tiny_model("distilbert"), "USE_GPU": False},
+        {"MODEL_NAME": lambda: helpers.tiny_model("distilbert"), "USE_GPU": False},
         "ParameterError",
         ["GLUE_PATH='hf://datasets/nyu-mll/glue'", "offline"],
     ),
@@ -110,15 +128,20 @@ DOLLY_CASES = {
         "ParameterError",
         ["BATCH_SIZE_PER_WORKER=0", "at least 1"],
     ),
+    "old_name_lr": (
+        {"SMOKE_TEST": True, "LR": 1e-3},
+        "ParameterError",
+        ["Unknown parameter", "LR (did you mean LEARNING_RATE?)"],
+    ),
     "unknown_precision": (
         {"SMOKE_TEST": True, "PRECISION": "fp8"},
         "ParameterError",
         ["PRECISION='fp8'", "'bf16-mixed'", "'16-mixed'"],
     ),
-    "max_length_too_long": (
-        {**_DOLLY_CPU, "MAX_LENGTH": 4096},
+    "max_seq_len_too_long": (
+        {**_DOLLY_CPU, "MAX_SEQ_LEN": 4096},
         "ParameterError",
-        ["MAX_LENGTH=4096", "256 positions"],
+        ["MAX_SEQ_LEN=4096", "256 positions"],
     ),
     "fp16_on_cpu": (
         {**_DOLLY_CPU, "PRECISION": "16-mixed"},
@@ -126,7 +149,7 @@ DOLLY_CASES = {
         ["PRECISION='16-mixed'", "USE_GPU"],
     ),
     "gpus_that_do_not_exist": (
-        {**_DOLLY_CPU, "USE_GPU": True, "MAX_LENGTH": 32, "DATASET_NAME": helpers.play_script_fixture},
+        {**_DOLLY_CPU, "USE_GPU": True, "MAX_SEQ_LEN": 32, "DATASET_NAME": helpers.play_script_fixture},
         "ResourceRequestError",
         ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "SMOKE_TEST"],
     ),
@@ -150,7 +173,7 @@ _RUNS: dict = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def all_rejections():
+def all_rejections(ray_cluster):
     """Run every case below, three at a time, before the tests look at them.
 
     Each run is mostly a kernel starting and importing (1-10 s), partly waiting; three kernels keep both
@@ -167,7 +190,7 @@ def all_rejections():
         for case, (params, _, _) in table.items()
     ]
     saved = dict(os.environ)
-    os.environ.update(cluster())
+    os.environ.update(ray_cluster)
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
             futures = {
@@ -176,8 +199,9 @@ def all_rejections():
                     notebook,
                     {k: v() if callable(v) else v for k, v in params.items()},
                     f"bad-{case}",
-                    120,
-                    False,
+                    cluster=ray_cluster,
+                    timeout=120,
+                    set_env=False,
                 )
                 for notebook, case, params in cases
             }
@@ -223,6 +247,11 @@ _LLAMA_CPU = {"MODEL_NAME": _tiny_llama, "USE_GPU": False, "USE_FLASH_ATTN": Fal
 LLAMA_CASES = {
     "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
     "save_steps_0": ({"SMOKE_TEST": True, "SAVE_STEPS": 0}, "ParameterError", ["SAVE_STEPS=0", "at least 1"]),
+    "misspelt_name": (
+        {"SMOKE_TEST": True, "MAX_STEP": 8},
+        "ParameterError",
+        ["Unknown parameter", "MAX_STEP (did you mean MAX_STEPS?)"],
+    ),
     "unreachable_bucket": (
         # The bucket's endpoint is a closed port: the check names what it tried, within seconds.
         {

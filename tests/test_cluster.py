@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, cluster, notebook_env
+from notebook_runs import ROOT, notebook_env
 
 
 def _driver(code: str, env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -29,8 +29,8 @@ def _driver(code: str, env: dict, timeout: int = 120) -> subprocess.CompletedPro
     )
 
 
-def test_two_nodes_and_a_client_without_the_token_is_refused(tmp_path):
-    env = notebook_env()
+def test_two_nodes_and_a_client_without_the_token_is_refused(tmp_path, ray_cluster):
+    env = notebook_env(ray_cluster)
     nodes = _driver(
         "import ray; ray.init(logging_level='ERROR');print(sum(1 for n in ray.nodes() if n['Alive']))",
         env,
@@ -52,7 +52,7 @@ def test_two_nodes_and_a_client_without_the_token_is_refused(tmp_path):
     assert time.perf_counter() - start < 60
 
 
-def test_workers_get_the_shipped_helpers_and_the_drivers_hub_settings():
+def test_workers_get_the_shipped_helpers_and_the_drivers_hub_settings(ray_cluster):
     """On each node, a worker imports `helpers` from the copy uploaded with the job, and sees HF_*."""
     hub = {"HF_TOKEN": "hf_test_token", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": "/tmp/hf-home-test"}
     code = """
@@ -70,8 +70,8 @@ nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
 print(json.dumps(ray.get([probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes])))
 """
     # The nodes were started without these variables: only the driver has them.
-    assert not {k for k in hub if k in cluster()}
-    proc = _driver(code, {**notebook_env(), **hub})
+    assert not {k for k in hub if k in ray_cluster}
+    proc = _driver(code, {**notebook_env(ray_cluster), **hub})
     assert proc.returncode == 0, proc.stderr[-3000:]
     workers = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len({w["node"] for w in workers}) == 2

@@ -9,17 +9,23 @@ from helpers.failures import RunLog, check_kill_step
 
 
 def test_smoke_mode_replaces_defaults_and_keeps_what_was_passed(capsys):
-    namespace = {"STORAGE_PATH": "s3://my-bucket/runs", "NUM_WORKERS": 16, "USE_GPU": True, "LR": 1}
+    namespace = {
+        "STORAGE_PATH": "s3://my-bucket/runs",
+        "NUM_WORKERS": 16,
+        "USE_GPU": True,
+        "LEARNING_RATE": 1,
+    }
     table = {
         "STORAGE_PATH": ("/mnt/cluster_storage/", "/tmp/local"),  # passed by the user: kept
         "NUM_WORKERS": (16, 2),  # still the default: replaced
         "USE_GPU": (True, False),
-        "LR": (1.0, 3e-3),  # 1 == 1.0 but an int was passed: kept, never silently re-typed
+        "LEARNING_RATE": (1.0, 3e-3),  # 1 == 1.0 but an int was passed: kept, never silently re-typed
     }
     assert helpers.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2, "USE_GPU": False}
-    out = capsys.readouterr().out
-    assert "NUM_WORKERS" in out and "16 -> 2" in out and "kept what you passed" in out
-    assert "'s3://my-bucket/runs'" in out
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["NUM_WORKERS"] == ["16", "2"]  # parameter, full scale, smoke run
+    assert rows["STORAGE_PATH"] == ["'/mnt/cluster_storage/'", "'s3://my-bucket/runs'", "(yours,", "kept)"]
+    assert rows["LEARNING_RATE"][-2:] == ["(yours,", "kept)"]
 
 
 def test_smoke_mode_keeps_a_default_value_that_papermill_passed(monkeypatch):
@@ -28,6 +34,41 @@ def test_smoke_mode_keeps_a_default_value_that_papermill_passed(monkeypatch):
     namespace = {"KILL_WORKER_AT_STEP": 0, "NUM_WORKERS": 16}
     table = {"KILL_WORKER_AT_STEP": (0, 40), "NUM_WORKERS": (16, 2)}
     assert helpers.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2}
+
+
+PARAMETERS_CELL = (
+    'BATCH_SIZE_PER_WORKER = 1  # per worker\nMAX_STEPS = 500\nSMOKE_TEST = False\nRESULTS_PATH = ""\n'
+)
+
+
+def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
+    # IPython's `In`: the parameters cell, then the cell papermill injects after it.
+    injected = "# Parameters\nBATCH_SIZE = 4\nMAX_STEP = 8\nSMOKE_TEST = True\n"
+    monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected])
+    with pytest.raises(helpers.ParameterError) as error:
+        helpers.check_parameter_names()
+    message = str(error.value)
+    assert "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)" in message  # a renamed parameter
+    assert "MAX_STEP (did you mean MAX_STEPS?)" in message  # a misspelt one
+    assert "Its parameters are: BATCH_SIZE_PER_WORKER, MAX_STEPS, SMOKE_TEST, RESULTS_PATH." in message
+
+
+def test_known_names_pass_and_the_results_get_every_parameter(monkeypatch):
+    injected = "# Parameters\nMAX_STEPS = 8\nSMOKE_TEST = True\n"
+    monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected, "x = 1"])
+    assert helpers.check_parameter_names() == [
+        "BATCH_SIZE_PER_WORKER",
+        "MAX_STEPS",
+        "SMOKE_TEST",
+        "RESULTS_PATH",
+    ]
+    namespace = {"BATCH_SIZE_PER_WORKER": 8, "MAX_STEPS": 8, "SMOKE_TEST": True, "RESULTS_PATH": "", "x": 1}
+    assert helpers.parameter_values(namespace) == {
+        "BATCH_SIZE_PER_WORKER": 8,
+        "MAX_STEPS": 8,
+        "SMOKE_TEST": True,
+        "RESULTS_PATH": "",
+    }
 
 
 def test_run_log_summarises_a_kill_and_its_replay():

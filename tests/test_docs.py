@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import ARTIFACTS, NOTEBOOKS, ROOT
+from notebook_runs import ARTIFACTS, NOTEBOOKS, ROOT
 
 DOCS = ROOT / "docs"
 SCREENSHOTS = ARTIFACTS / "docs" / "screenshots"

@@ -2,27 +2,41 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from conftest import _filesystem, check_cluster_run, check_plan_matches_shards, listing, smoke_nbval
+from notebook_runs import (
+    check_cluster_run,
+    check_plan_matches_shards,
+    filesystem,
+    last_checkpoint_before,
+    listing,
+    pinned_losses,
+    smoke_nbval,
+)
 
 import helpers
 import helpers.storage
 
 NAME = "dolly_lightning_fsdp"
-# First three step losses of the default smoke run (FULL_SHARD, bf16-mixed, seed 42) on the 2-core CPU
-# machine; each is the mean over both workers of that step's loss.
-PINNED_FIRST_LOSSES = [6.136, 5.627, 5.325]
-STEPS_PER_EPOCH = 39  # 610 fixture lines, 305 per worker, batches of 8 (the last one partial)
-# Smoke mode kills the rank-1 worker at step 60; the last checkpoint is the first epoch's (step 39).
-KILL_AT = 60
+# The pinned first losses (how measured, tolerance): tests/assets/losses/dolly_lightning_fsdp.txt
+# The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
+# The play-script fixture's training lines (helpers.play_script_fixture(), after the notebook's split_text).
+FIXTURE_LINES = 610
 # Steps 40-59 run twice and repeat their losses bit for bit (measured: 0.0, once the CPU strategy gathers the
 # optimizer state without offload; with Lightning's offloaded gather they drifted by up to 0.045).
 REPLAY_TOLERANCE = 1e-4
 
 
+def steps_per_epoch(params: dict) -> int:
+    """As the notebook counts them: Ray Train splits the lines evenly, each worker's last batch may be
+    partial (610 lines, 305 per worker, batches of 8: 39 steps)."""
+    return math.ceil(FIXTURE_LINES // params["NUM_WORKERS"] / params["BATCH_SIZE_PER_WORKER"])
+
+
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"))
+def smoke_run(tmp_path_factory, ray_cluster):
+    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"), ray_cluster)
 
 
 @pytest.mark.notebook
@@ -31,8 +45,10 @@ def test_trains_within_the_time_budget(smoke_run):
     results, wall = smoke_run
     assert results["notebook"] == NAME and results["smoke_test"] is True
     losses = results["losses"]
-    assert len(losses) == 2 * STEPS_PER_EPOCH
-    assert losses[:3] == pytest.approx(PINNED_FIRST_LOSSES, abs=0.05)
+    params = results["parameters"]
+    assert len(losses) == params["NUM_EPOCHS"] * steps_per_epoch(params)
+    pinned = pinned_losses(NAME)
+    assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, f"{losses[:5]} ... {losses[-5:]}"
     assert results["wall_seconds"] < 120, f"smoke run took {results['wall_seconds']:.0f} s (budget 120 s)"
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
@@ -55,11 +71,17 @@ def test_plan_matches_what_the_shards_hold(smoke_run):
 
 
 @pytest.mark.notebook
-def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(smoke_run):
+def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(smoke_run, ray_cluster):
     results, _ = smoke_run
-    check_cluster_run(results, KILL_AT, STEPS_PER_EPOCH, REPLAY_TOLERANCE)
-    assert results["kill"]["replayed_steps"] == list(range(STEPS_PER_EPOCH + 1, KILL_AT))
-    assert len(results["losses"]) == 2 * STEPS_PER_EPOCH  # the planned steps, despite the restart
+    params = results["parameters"]
+    planned = params["NUM_EPOCHS"] * steps_per_epoch(params)
+    # Smoke mode kills the rank-1 worker at step 60; the last checkpoint is the first epoch's (step 39).
+    kill_at = params["KILL_WORKER_AT_STEP"]
+    resumed_from = last_checkpoint_before(kill_at, steps_per_epoch(params))
+    assert 0 < resumed_from < kill_at <= planned  # killed after a checkpoint: a resume, not a restart
+    check_cluster_run(results, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
+    assert results["kill"]["replayed_steps"] == list(range(resumed_from + 1, kill_at))
+    assert len(results["losses"]) == planned  # the planned steps, despite the restart
 
 
 @pytest.mark.notebook
@@ -70,14 +92,12 @@ def test_trains_fp32_master_weights_from_a_half_precision_checkpoint(smoke_run):
     results, _ = smoke_run
     # The tiny model is stored in bf16, like the Hub's dolly-v2-7b; without `dtype=torch.float32`
     # transformers 5 would load it as bf16 ("auto") and FSDP would train bf16 master weights.
-    assert (
-        AutoConfig.from_pretrained(helpers.tiny_model("gpt_neox", dtype="bfloat16")).dtype == torch.bfloat16
-    )
+    assert AutoConfig.from_pretrained(results["parameters"]["MODEL_NAME"]).dtype == torch.bfloat16
     assert results["param_dtypes"] == ["torch.float32"]
 
 
 @pytest.mark.notebook
-def test_checkpoint_is_sharded_with_every_ranks_shard_in_the_bucket(smoke_run):
+def test_checkpoint_is_sharded_with_every_ranks_shard_in_the_bucket(smoke_run, ray_cluster):
     import torch
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
@@ -85,11 +105,10 @@ def test_checkpoint_is_sharded_with_every_ranks_shard_in_the_bucket(smoke_run):
     results, _ = smoke_run
     checkpoint = results["checkpoint_path"] + "/checkpoint.ckpt"
     # One file per rank, written on two nodes and merged by Ray's upload; no full copy on rank 0.
-    assert listing(checkpoint) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
-    fs, path = _filesystem(checkpoint)
-    initial = AutoModelForCausalLM.from_pretrained(
-        helpers.tiny_model("gpt_neox", dtype="bfloat16"), dtype=torch.float32
-    )
+    assert listing(checkpoint, ray_cluster) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
+    fs, path = filesystem(checkpoint, ray_cluster)
+    model_name = results["parameters"]["MODEL_NAME"]  # the 2-layer GPT-NeoX, stored in bf16
+    initial = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32)
     trained = {"model": {f"model.{k}": torch.empty_like(v) for k, v in initial.state_dict().items()}}
     dcp.load(
         trained, storage_reader=helpers.storage.dcp_reader(fs, path)
@@ -100,7 +119,7 @@ def test_checkpoint_is_sharded_with_every_ranks_shard_in_the_bucket(smoke_run):
     assert len(changed) > 0.9 * len(initial.state_dict()), "the checkpoint holds the initial weights"
     with fs.open_input_file(f"{path}/meta.pt") as f:
         meta = torch.load(f, weights_only=False)
-    assert meta["hyper_parameters"]["model_name"] == helpers.tiny_model("gpt_neox", dtype="bfloat16")
+    assert meta["hyper_parameters"]["model_name"] == model_name
     assert meta["tutorial"]["step_losses"] == pytest.approx(results["losses"])
 
 

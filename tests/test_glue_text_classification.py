@@ -6,34 +6,43 @@ Floors are set from measured smoke runs on the 2-core machine (in brackets), wel
 from __future__ import annotations
 
 import pytest
-from conftest import check_cluster_run, execute, listing, smoke_nbval
+from notebook_runs import check_cluster_run, execute, last_checkpoint_before, listing, smoke_nbval
 
 NAME = "glue_text_classification"
+# The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
+FIXTURE_TRAIN_ROWS = 512  # each task's training rows in helpers.glue_fixture()
 
 
-def _check_common(results: dict, task: str, evaluations: int = 5) -> None:
+def _check_common(results: dict, task: str, cluster, resumed: bool = False) -> None:
     assert results["notebook"] == NAME and results["smoke_test"] is True
     assert results["task"] == task and results["num_workers"] == 2
     losses = results["losses"]
     assert len(losses) >= 10 and losses[-1] < losses[0] - 0.2, losses
     # Ray Train's checkpoint, in the bucket, holds the Hugging Face checkpoint the Trainer saved: rank 0's
     # model and state, and each rank's random state (rank 1 uploaded only that).
-    objects = listing(results["checkpoint_path"])
+    objects = listing(results["checkpoint_path"], cluster)
     for name in ("trainer_state.json", "model.safetensors", "rng_state_0.pth", "rng_state_1.pth"):
         assert f"checkpoint/{name}" in objects, objects
-    assert len(results["eval_history"]) == evaluations  # one evaluation per epoch (+1 where it resumed)
+    # One evaluation per epoch (5), +1 where it resumed.
+    assert len(results["eval_history"]) == results["parameters"]["NUM_EPOCHS"] + resumed
 
 
 @pytest.mark.notebook
 @pytest.mark.timeout(300)
-def test_cola_default_task_validated_cell_by_cell(tmp_path):
-    results, wall = smoke_nbval(NAME, tmp_path)
+def test_cola_default_task_validated_cell_by_cell(tmp_path, ray_cluster):
+    results, wall = smoke_nbval(NAME, tmp_path, ray_cluster)
+    params = results["parameters"]
+    # As the notebook counts them: every worker takes BATCH_SIZE_PER_WORKER rows per step (16 steps).
+    steps_per_epoch = FIXTURE_TRAIN_ROWS // (params["BATCH_SIZE_PER_WORKER"] * params["NUM_WORKERS"])
+    kill_at = params["KILL_WORKER_AT_STEP"]
+    resumed_from = last_checkpoint_before(kill_at, steps_per_epoch)  # a checkpoint after each epoch
+    assert 0 < resumed_from < kill_at <= params["NUM_EPOCHS"] * steps_per_epoch  # a resume, not a restart
     # Killed at step 44 (3rd epoch of 16 steps); the Trainer resumed from the step-32 checkpoint, not from 0,
     # and evaluated the restored epoch again. Logged losses of replayed steps (each the mean of 4 steps)
     # differed by 0.0016-0.0045 (measured in three runs); the bound, 0.01, is well below a logging
     # interval's change of loss (0.1 at that point).
-    check_cluster_run(results, kill_at=44, resumed_from=32, tolerance=0.01)
-    _check_common(results, "cola", evaluations=6)
+    check_cluster_run(results, ray_cluster, kill_at=kill_at, resumed_from=resumed_from, tolerance=0.01)
+    _check_common(results, "cola", ray_cluster, resumed=True)
     assert set(results["eval_metrics"]) == {"matthews_correlation"}
     assert results["eval_metrics"]["matthews_correlation"] >= 0.8  # chance: 0 [1.0]
     print(f"cola: {results['eval_metrics']}, {wall:.0f} s")
@@ -45,19 +54,31 @@ def test_cola_default_task_validated_cell_by_cell(tmp_path):
 # runs, and its accuracy metric is mnli-mm's: dropped from the suite when the notebook runs moved to the
 # two-node cluster (60 s a run there). `papermill ... -p TASK sst2` still runs it.
 @pytest.mark.parametrize(
-    "task, floors, split",
+    "task, floors, split, passed",
     [
-        ("stsb", {"pearson": 0.8, "spearmanr": 0.8}, "validation"),  # regression, chance 0 [0.96, 0.94]
-        ("mnli-mm", {"accuracy": 0.5}, "validation_mismatched"),  # 3 classes, chance 0.33 [0.68]
+        ("stsb", {"pearson": 0.8, "spearmanr": 0.8}, "validation", {}),  # regression, chance 0 [0.96, 0.94]
+        # 3 classes, chance 0.33 [0.68]. Also: what a batch job passes is what smoke mode runs with, a
+        # smaller batch and fewer epochs than smoke mode's own (16, 5), and the steps follow from them.
+        (
+            "mnli-mm",
+            {"accuracy": 0.5},
+            "validation_mismatched",
+            {"BATCH_SIZE_PER_WORKER": 8, "NUM_EPOCHS": 3},
+        ),
     ],
 )
-def test_task_learns_above_its_floor(task, floors, split):
+def test_task_learns_above_its_floor(task, floors, split, passed, ray_cluster):
     # No worker killed here (the cola run shows that): these runs check that each task shape learns.
-    params = {"SMOKE_TEST": True, "TASK": task, "KILL_WORKER_AT_STEP": 0}
-    results, wall, error = execute(NAME, params, tag=task)
+    params = {"SMOKE_TEST": True, "TASK": task, "KILL_WORKER_AT_STEP": 0, **passed}
+    results, wall, error = execute(NAME, params, tag=task, cluster=ray_cluster)
     assert error is None, error
-    check_cluster_run(results, kill_at=None, resumed_from=None, tolerance=0)
-    _check_common(results, task)
+    for name, value in passed.items():
+        assert results["parameters"][name] == value, (name, results["parameters"][name])
+    if passed:  # the Trainer's last logged step: epochs x rows / (batch x workers), 3 x 512 / 16 = 96
+        last_step = max(int(step) for step in results["attempts"][-1]["losses"])
+        assert last_step == 3 * FIXTURE_TRAIN_ROWS // (8 * results["num_workers"]), last_step
+    check_cluster_run(results, ray_cluster, kill_at=None, resumed_from=None, tolerance=0)
+    _check_common(results, task, ray_cluster)
     assert results["eval_split"] == split
     assert set(results["eval_metrics"]) == set(floors)
     for name, floor in floors.items():

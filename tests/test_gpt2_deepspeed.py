@@ -5,15 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import check_cluster_run, check_plan_matches_shards, listing, smoke_nbval
+from notebook_runs import (
+    check_cluster_run,
+    check_plan_matches_shards,
+    fetch,
+    last_checkpoint_before,
+    listing,
+    pinned_losses,
+    smoke_nbval,
+)
 from zero_rank import zero_rank
 
 NAME = "gpt2_deepspeed"
-# First three step losses of the default smoke run (ZeRO-3, bf16, seed 42), measured on the
-# 2-core CPU machine; the mean over both workers of each global batch.
-PINNED_FIRST_LOSSES = [6.2499, 6.1179, 5.9670]
-# Smoke mode kills the rank-1 worker at step 18 (epoch 2, step 6); the last checkpoint is epoch 1's (step 12).
-KILL_AT, RESUMED_FROM = 18, 12
+# The pinned first losses (how measured, tolerance): tests/assets/losses/gpt2_deepspeed.txt
+# The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values
+# (2 epochs of MAX_STEPS_PER_EPOCH 12 steps, KILL_WORKER_AT_STEP 18).
 # The replayed steps 13-17 repeat their losses bit for bit on these CPU workers (measured: 0.0): model,
 # optimizer, data order and dropout masks (seeded per epoch) are all restored. 1e-4 leaves room for a
 # different reduction order elsewhere, and is far below a step's change of loss (about 0.05).
@@ -22,8 +28,8 @@ PLAN_TOLERANCE = 0.02  # the "will it fit?" plan's per-rank bytes against the me
 
 
 @pytest.fixture(scope="module")
-def stage3_run(tmp_path_factory):
-    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"))
+def stage3_run(tmp_path_factory, ray_cluster):
+    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"), ray_cluster)
 
 
 @pytest.mark.notebook
@@ -32,8 +38,10 @@ def test_stage3_learns_and_matches_pinned_losses(stage3_run):
     results, wall = stage3_run
     losses = results["losses"]
     assert results["notebook"] == NAME and results["smoke_test"] is True and results["zero_stage"] == 3
-    assert len(losses) == 24  # 2 epochs x 12 tutorial steps
-    assert losses[:3] == pytest.approx(PINNED_FIRST_LOSSES, abs=0.02)
+    params = results["parameters"]
+    assert len(losses) == params["NUM_EPOCHS"] * params["MAX_STEPS_PER_EPOCH"]  # 2 epochs x 12 steps
+    pinned = pinned_losses(NAME)
+    assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert losses[-1] < losses[0] - 1.0, f"loss did not decrease: {losses[0]:.3f} -> {losses[-1]:.3f}"
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
 
@@ -55,36 +63,42 @@ def test_plan_matches_what_the_zero3_partitions_hold(stage3_run):
 
 
 @pytest.mark.notebook
-def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(stage3_run):
+def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(stage3_run, ray_cluster):
     results, _ = stage3_run
-    check_cluster_run(results, KILL_AT, RESUMED_FROM, REPLAY_TOLERANCE)
-    assert results["kill"]["replayed_steps"] == list(range(RESUMED_FROM + 1, KILL_AT))
-    assert len(results["losses"]) == 24  # the planned steps, despite the restart
+    params = results["parameters"]
+    planned = params["NUM_EPOCHS"] * params["MAX_STEPS_PER_EPOCH"]
+    # Smoke mode kills the rank-1 worker at step 18 (epoch 2, step 6); the last checkpoint is epoch 1's (12).
+    kill_at = params["KILL_WORKER_AT_STEP"]
+    resumed_from = last_checkpoint_before(kill_at, params["MAX_STEPS_PER_EPOCH"])
+    assert 0 < resumed_from < kill_at <= planned  # killed after a checkpoint: a resume, not a restart
+    check_cluster_run(results, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
+    assert results["kill"]["replayed_steps"] == list(range(resumed_from + 1, kill_at))
+    assert len(results["losses"]) == planned  # the planned steps, despite the restart
 
 
 @pytest.mark.notebook
-def test_checkpoint_has_a_shard_per_worker(stage3_run, tmp_path):
-    from conftest import fetch
-
+def test_checkpoint_has_a_shard_per_worker(stage3_run, ray_cluster, tmp_path):
     results, _ = stage3_run
-    objects = listing(results["checkpoint_path"])
+    objects = listing(results["checkpoint_path"], ray_cluster)
     shards = sorted(Path(name).name for name in objects if name.endswith("optim_states.pt"))
     assert len(shards) == 2 and "rank_0" in shards[0] and "rank_1" in shards[1], shards
-    epoch = fetch(results["checkpoint_path"] + "/checkpoint/epoch.txt", tmp_path / "epoch.txt")
-    assert epoch.read_text() == "1"
+    epoch = fetch(results["checkpoint_path"] + "/checkpoint/epoch.txt", tmp_path / "epoch.txt", ray_cluster)
+    assert epoch.read_text() == str(results["parameters"]["NUM_EPOCHS"] - 1)  # the last epoch's: 1 (from 0)
 
 
 @pytest.mark.notebook
-def test_resume_continues_where_it_stopped(stage3_run):
+def test_resume_continues_where_it_stopped(stage3_run, ray_cluster):
     results, _ = stage3_run
     losses, resumed = results["losses"], results["resumed_losses"]
-    assert results["resumed_start_epoch"] == 2  # epochs 0 and 1 were done: start at the next one
-    assert len(resumed) == 12
+    params = results["parameters"]
+    # Epochs 0 and 1 (NUM_EPOCHS 2) were done: start at the next one, for one more epoch.
+    assert results["resumed_start_epoch"] == params["NUM_EPOCHS"]
+    assert len(resumed) == params["MAX_STEPS_PER_EPOCH"]
     # The restored model starts near its last loss, far from the random-init loss.
     assert abs(resumed[0] - losses[-1]) < 0.3, (resumed[0], losses[-1])
     assert abs(resumed[0] - losses[-1]) < 0.25 * abs(resumed[0] - losses[0])
     assert resumed[-1] < resumed[0]
-    assert listing(results["resumed_checkpoint_path"])
+    assert listing(results["resumed_checkpoint_path"], ray_cluster)
 
 
 @pytest.mark.timeout(240)

@@ -109,13 +109,16 @@ def test_play_script_and_chat_fixtures():
     "call, words",
     [
         (lambda: helpers.check_int("NUM_WORKERS", 0, minimum=1), ["NUM_WORKERS=0", "at least 1"]),
-        (lambda: helpers.check_int("BATCH_SIZE", 2.5, minimum=1), ["BATCH_SIZE=2.5", "integer"]),
+        (
+            lambda: helpers.check_int("BATCH_SIZE_PER_WORKER", 2.5, minimum=1),
+            ["BATCH_SIZE_PER_WORKER=2.5", "integer"],
+        ),
         (lambda: helpers.check_int("NUM_WORKERS", True, minimum=1), ["NUM_WORKERS=True", "integer"]),
         (lambda: helpers.check_choice("ZERO_STAGE", 4, [0, 1, 2, 3]), ["ZERO_STAGE=4", "0, 1, 2, 3"]),
         (lambda: helpers.check_positive("LEARNING_RATE", 0), ["LEARNING_RATE=0", "greater than 0"]),
         (
-            lambda: helpers.check_max_positions("SEQ_LENGTH", 129, helpers.tiny_model("gpt2")),
-            ["SEQ_LENGTH=129", "<= 128"],
+            lambda: helpers.check_max_positions("MAX_SEQ_LEN", 129, helpers.tiny_model("gpt2")),
+            ["MAX_SEQ_LEN=129", "<= 128"],
         ),
         (
             lambda: helpers.check_source_available("MODEL_NAME", "no/such-model", "model"),
@@ -132,7 +135,7 @@ def test_checks_name_the_parameter(call, words):
 
 def test_checks_accept_good_values():
     assert helpers.check_int("NUM_WORKERS", 2, minimum=1) == 2
-    assert helpers.check_max_positions("SEQ_LENGTH", 128, helpers.tiny_model("gpt2")) == 128
+    assert helpers.check_max_positions("MAX_SEQ_LEN", 128, helpers.tiny_model("gpt2")) == 128
     assert helpers.check_source_available("DATASET_NAME", helpers.ag_news_fixture(), "dataset")
 
 

@@ -4,26 +4,22 @@ a consolidated export, checked by the numbers the lesson claims."""
 from __future__ import annotations
 
 import pytest
-from conftest import check_cluster_run, check_plan_matches_shards, fetch, listing, smoke_nbval
-
-import helpers
+from notebook_runs import (
+    check_cluster_run,
+    check_plan_matches_shards,
+    fetch,
+    last_checkpoint_before,
+    listing,
+    pinned_losses,
+    smoke_nbval,
+)
 
 NAME = "llama_fsdp"
-# The smoke cell's model: a Llama of 52M parameters (4 layers of width 1024).
-SMOKE_MODEL = dict(
-    hidden_size=1024,
-    intermediate_size=2816,
-    num_hidden_layers=4,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    dtype="bfloat16",
-)
-MAX_STEPS, SAVE_STEPS, KILL_AT = 24, 12, 16
+# The smoke settings (MAX_STEPS, SAVE_STEPS, KILL_WORKER_AT_STEP, the smoke cell's model, ...) are the run's
+# own, from results["parameters"]; the comments quote today's smoke values (24, 12, 16).
 # Steps 13-15 run twice and repeat their losses bit for bit (measured: 0.0); see test_gpt2_deepspeed.
 REPLAY_TOLERANCE = 1e-4
-# First three step losses of the default smoke run (seed 42, bf16 compute, 2 CPU workers) on the 2-core
-# CPU machine; each is the mean over both workers. ln(vocabulary of 516) = 6.25 for random weights.
-PINNED_FIRST_LOSSES = [6.447, 6.399, 6.26]
+# The pinned first losses (how measured, tolerance): tests/assets/losses/llama_fsdp.txt
 # The "will it fit?" plan against what the smoke run measured: per-rank shards (measured: exact, 0 %),
 # and rank 0's peak RSS growth while loading (measured 297.9 MB against a planned 299.8 MB: the fp32 model
 # plus the memory-mapped bf16 checkpoint).
@@ -32,8 +28,8 @@ LOAD_TOLERANCE = 0.15
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"))
+def smoke_run(tmp_path_factory, ray_cluster):
+    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"), ray_cluster)
 
 
 @pytest.mark.notebook
@@ -42,8 +38,9 @@ def test_trains_within_the_time_budget(smoke_run):
     results, wall = smoke_run
     assert results["notebook"] == NAME and results["smoke_test"] is True
     losses = results["losses"]
-    assert len(losses) == MAX_STEPS
-    assert losses[:3] == pytest.approx(PINNED_FIRST_LOSSES, abs=0.05)
+    assert len(losses) == results["parameters"]["MAX_STEPS"]
+    pinned = pinned_losses(NAME)
+    assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
     assert results["wall_seconds"] < 180, f"smoke run took {results['wall_seconds']:.0f} s (budget 180 s)"
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
@@ -67,42 +64,47 @@ def test_fsdp2_really_shards(smoke_run):
 
 
 @pytest.mark.notebook
-def test_resumes_from_the_sharded_checkpoint(smoke_run):
+def test_resumes_from_the_sharded_checkpoint(smoke_run, ray_cluster):
     results, _ = smoke_run
-    check_cluster_run(results, KILL_AT, SAVE_STEPS, REPLAY_TOLERANCE)
-    # The rank-1 process died before step 16; the last checkpoint before it was step 12.
-    assert results["resumed_from_step"] == SAVE_STEPS
+    params = results["parameters"]
+    max_steps, kill_at = params["MAX_STEPS"], params["KILL_WORKER_AT_STEP"]
+    # The rank-1 process died before step 16; the last checkpoint before it was step 12 (every 12 steps).
+    resumed_from = last_checkpoint_before(kill_at, params["SAVE_STEPS"])
+    assert 0 < resumed_from < kill_at <= max_steps  # killed after a checkpoint: a resume, not a restart
+    check_cluster_run(results, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
+    assert results["resumed_from_step"] == resumed_from
     first, second = (
         {int(s): loss for s, loss in attempt["losses"].items()} for attempt in results["attempts"]
     )
-    assert [a["resumed_from"] for a in results["attempts"]] == [0, SAVE_STEPS]
-    assert sorted(first) == list(range(1, KILL_AT))
-    assert sorted(second) == list(range(SAVE_STEPS + 1, MAX_STEPS + 1))
+    assert [a["resumed_from"] for a in results["attempts"]] == [0, resumed_from]
+    assert sorted(first) == list(range(1, kill_at))
+    assert sorted(second) == list(range(resumed_from + 1, max_steps + 1))
     # Model, optimizer, schedule and data order restored: the repeated steps repeat their losses.
-    replayed = range(SAVE_STEPS + 1, KILL_AT)
+    replayed = range(resumed_from + 1, kill_at)
     assert [second[s] for s in replayed] == pytest.approx([first[s] for s in replayed], abs=REPLAY_TOLERANCE)
     assert results["replayed_losses"]["first attempt"] == pytest.approx([first[s] for s in replayed])
     assert results["losses"] == pytest.approx(
-        [first[s] for s in range(1, SAVE_STEPS + 1)]
-        + [second[s] for s in range(SAVE_STEPS + 1, MAX_STEPS + 1)]
+        [first[s] for s in range(1, resumed_from + 1)]
+        + [second[s] for s in range(resumed_from + 1, max_steps + 1)]
     )
 
 
 @pytest.mark.notebook
-def test_sharded_checkpoint_holds_the_consolidated_weights(smoke_run, tmp_path):
+def test_sharded_checkpoint_holds_the_consolidated_weights(smoke_run, ray_cluster, tmp_path):
     import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     results, _ = smoke_run
     # One file per rank, written in parallel, and the index; in the bucket only.
-    assert listing(results["sharded_checkpoint_path"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    sharded = fetch(results["sharded_checkpoint_path"], tmp_path / "sharded")
+    sharded_uri = results["sharded_checkpoint_path"]
+    assert listing(sharded_uri, ray_cluster) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    sharded = fetch(sharded_uri, tmp_path / "sharded", ray_cluster)
     dcp_to_torch_save(sharded, tmp_path / "full.pt")  # reassembled in one process, no process group
     full = torch.load(tmp_path / "full.pt", weights_only=False)
     assert set(full) == {"model", "optim"}
     consolidated = load_file(
-        fetch(results["consolidated_path"], tmp_path / "consolidated") / "model.safetensors"
+        fetch(results["consolidated_path"], tmp_path / "consolidated", ray_cluster) / "model.safetensors"
     )
     assert set(full["model"]) == set(consolidated)
     for key, tensor in consolidated.items():  # exported in the checkpoint's own dtype (bf16)
@@ -111,25 +113,25 @@ def test_sharded_checkpoint_holds_the_consolidated_weights(smoke_run, tmp_path):
 
 
 @pytest.mark.notebook
-def test_consolidated_model_loads_and_learned(smoke_run, tmp_path):
+def test_consolidated_model_loads_and_learned(smoke_run, ray_cluster, tmp_path):
     import torch
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     results, _ = smoke_run
-    path = fetch(results["consolidated_path"], tmp_path / "consolidated")
+    path = fetch(results["consolidated_path"], tmp_path / "consolidated", ray_cluster)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert {"<|system|>", "<|prompter|>", "<|assistant|>", "<|endoftext|>"} <= set(
         tokenizer.get_added_vocab()
     )
     # One process, no FSDP: a standard Hugging Face folder.
     trained = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    initial = AutoModelForCausalLM.from_pretrained(
-        helpers.tiny_model("llama", **SMOKE_MODEL), dtype=torch.float32
-    )
+    # The smoke cell's Llama of 52M parameters (4 layers of width 1024), with its random weights.
+    initial = AutoModelForCausalLM.from_pretrained(results["parameters"]["MODEL_NAME"], dtype=torch.float32)
     initial.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     tokenizer.pad_token = tokenizer.eos_token
-    texts = list(load_dataset(helpers.chat_fixture())["test"]["content"][:8])
+    chats = load_dataset(results["parameters"]["DATASET_NAME"])  # the chat fixture
+    texts = list(chats["test"]["content"][:8])
     batch = tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
 

@@ -1,5 +1,5 @@
-"""A DeepSpeed rank for the ZeRO-1/2 test, in its own module: a spawned child imports only this
-(importing the test module would import conftest, which resets the offline-guard log)."""
+"""A DeepSpeed rank for the ZeRO-1/2 test, in its own module: a spawned child imports only this, not the
+test module with its pytest imports."""
 
 from __future__ import annotations
 
