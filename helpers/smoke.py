@@ -74,14 +74,20 @@ def _parameters_cell_names() -> list[str]:
     return []
 
 
-def check_parameter_names() -> list[str]:
+_names: list[str] = []  # the parameters, as `check_parameter_names` found them
+
+
+def check_parameter_names(namespace: dict) -> list[str]:
     """Fail on a name that papermill passed and the parameters cell does not define; return the parameters.
 
     papermill only warns about such a name and runs with the default, so `-p BATCH_SIZE 4` on a notebook
     whose parameter is `BATCH_SIZE_PER_WORKER` would train with the default batch size without a word.
+    Called right after the parameters cell, with the notebook's globals: where the kernel keeps no history
+    of its cells (nbval runs them without it), the parameters are the upper-case names defined so far.
     """
     known = _parameters_cell_names()
     unknown = sorted(papermill_parameters() - set(known)) if known else []
+    _names[:] = known or [name for name in namespace if name.isupper() and not name.startswith("_")]
     if unknown:
         hints = []
         for name in unknown:
@@ -92,13 +98,13 @@ def check_parameter_names() -> list[str]:
             f"Unknown parameter{'s' if len(unknown) > 1 else ''} passed to this notebook: {', '.join(hints)}. "
             f"Its parameters are: {', '.join(known)}."
         )
-    return known
+    return list(_names)
 
 
 def parameter_values(namespace: dict) -> dict:
     """Every parameter's value as the run used it (after smoke mode), for the results file."""
     values = {}
-    for name in _parameters_cell_names():
+    for name in _names or _parameters_cell_names():
         value = namespace.get(name)
         try:
             json.dumps(value)

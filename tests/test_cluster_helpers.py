@@ -46,7 +46,7 @@ def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
     injected = "# Parameters\nBATCH_SIZE = 4\nMAX_STEP = 8\nSMOKE_TEST = True\n"
     monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected])
     with pytest.raises(helpers.ParameterError) as error:
-        helpers.check_parameter_names()
+        helpers.check_parameter_names({})
     message = str(error.value)
     assert "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)" in message  # a renamed parameter
     assert "MAX_STEP (did you mean MAX_STEPS?)" in message  # a misspelt one
@@ -56,19 +56,31 @@ def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
 def test_known_names_pass_and_the_results_get_every_parameter(monkeypatch):
     injected = "# Parameters\nMAX_STEPS = 8\nSMOKE_TEST = True\n"
     monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected, "x = 1"])
-    assert helpers.check_parameter_names() == [
-        "BATCH_SIZE_PER_WORKER",
-        "MAX_STEPS",
-        "SMOKE_TEST",
-        "RESULTS_PATH",
-    ]
     namespace = {"BATCH_SIZE_PER_WORKER": 8, "MAX_STEPS": 8, "SMOKE_TEST": True, "RESULTS_PATH": "", "x": 1}
+    names = ["BATCH_SIZE_PER_WORKER", "MAX_STEPS", "SMOKE_TEST", "RESULTS_PATH"]
+    assert helpers.check_parameter_names(namespace) == names
     assert helpers.parameter_values(namespace) == {
         "BATCH_SIZE_PER_WORKER": 8,
         "MAX_STEPS": 8,
         "SMOKE_TEST": True,
         "RESULTS_PATH": "",
     }
+
+
+def test_without_a_cell_history_the_parameters_are_the_upper_case_names_so_far(monkeypatch):
+    # nbval runs cells without IPython's history: the first cell after the parameters sees only them.
+    monkeypatch.setattr(helpers.smoke, "_history", lambda: [])
+    namespace = {
+        "os": object(),
+        "In": [],
+        "MODEL_NAME": "tiny",
+        "NUM_WORKERS": 2,
+        "_": None,
+        "SMOKE_TEST": True,
+    }
+    assert helpers.check_parameter_names(namespace) == ["MODEL_NAME", "NUM_WORKERS", "SMOKE_TEST"]
+    namespace.update(NUM_WORKERS=4, later=1)
+    assert helpers.parameter_values(namespace) == {"MODEL_NAME": "tiny", "NUM_WORKERS": 4, "SMOKE_TEST": True}
 
 
 def test_run_log_summarises_a_kill_and_its_replay():
