@@ -241,7 +241,7 @@ def down(
             proc.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(list(family.values()), timeout=10)
+    _, alive = psutil.wait_procs(list(family.values()), timeout=5)
     for proc in alive:
         try:
             proc.kill()

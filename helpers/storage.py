@@ -1,7 +1,8 @@
 """`STORAGE_PATH`: a local or NFS folder, or a bucket, checked before any GPU time is spent.
 
 Used by the "Check the parameters" and "Start Ray" cells of the GPT-2, Dolly, Llama and GLUE notebooks,
-and by their result cells (`uri`), so that the same code reads checkpoints from a folder or a bucket.
+and by their result cells (`uri`), so that the same code reads checkpoints from a folder or a bucket;
+`checkpoint_folder` by the training functions of the GPT-2, Dolly and GLUE notebooks when they resume.
 
 Ray Train resolves `STORAGE_PATH` with `pyarrow.fs.FileSystem.from_uri`; so do these checks, so
 that they see what Ray will see. For an S3-compatible store other than AWS, the standard AWS
@@ -13,12 +14,22 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from .validate import ParameterError
 
-__all__ = ["check_storage_path", "check_storage_from_nodes", "uri", "is_uri", "dcp_writer", "dcp_reader"]
+__all__ = [
+    "check_storage_path",
+    "check_storage_from_nodes",
+    "uri",
+    "is_uri",
+    "dcp_writer",
+    "dcp_reader",
+    "checkpoint_folder",
+]
 
 SCHEMES = "a local or NFS folder, s3://bucket/prefix, gs://bucket/prefix or hdfs://host/path"
 
@@ -204,3 +215,23 @@ def dcp_reader(filesystem, path: str):
     reader.fs = _torch_fsspec_filesystem(filesystem)
     reader.path = path
     return reader
+
+
+@contextlib.contextmanager
+def checkpoint_folder(checkpoint) -> Iterator[str]:
+    """A local folder with a Ray Train checkpoint's files, for this process only.
+
+    The checkpoint's own folder where it is on a local (or NFS) filesystem; otherwise a private
+    temporary copy, deleted at the end of the block. Ray's `Checkpoint.as_directory()` downloads to one
+    folder per checkpoint, shared by every process on the node, and a process that arrives after
+    another's download has finished downloads again into it, rewriting the files the first one is
+    reading: on the project's two-node cluster (two Ray nodes on one machine, as two ranks on one
+    8-GPU node) a resuming rank read an empty `trainer_state.json`.
+    """
+    import pyarrow.fs as pafs
+
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        yield checkpoint.path
+        return
+    with tempfile.TemporaryDirectory(prefix="checkpoint-") as folder:
+        yield checkpoint.to_directory(folder)

@@ -11,15 +11,13 @@ shared checks the tests use are in notebook_runs.py.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from types import MappingProxyType
 
 import pytest
-from notebook_runs import ARTIFACTS, GUARD_LOG, ROOT, build_deepspeed_ops, start_cluster, stop_cluster
+from notebook_runs import ARTIFACTS, GUARD_LOG, ROOT, start_cluster, stop_cluster
 
 _GUARD_CHECKED = pytest.StashKey[int]()  # how far the offline guard's log has been checked
-_OP_BUILD = pytest.StashKey[subprocess.Popen]()  # DeepSpeed's C++ ops, compiled in the background
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -91,23 +89,3 @@ def ray_cluster():
         yield MappingProxyType(driver)  # read-only: one cluster for every test
     finally:
         stop_cluster()
-
-
-def pytest_collection_finish(session):
-    """Compile DeepSpeed's C++ ops in the background when the GPT-2 tests will run.
-
-    A new virtualenv compiles them on first use: CPU Adam (for offload) and the shared-memory collectives
-    of the CPU workers, 75 s on 2 cores. The suite keeps the cores only about a third busy (workers wait
-    on each other, on Ray, on the bucket), so compiled alongside the first tests they are ready, in
-    torch's extension cache, before the GPT-2 tests load them (torch's lock on the cache makes a loader
-    wait for a build in progress).
-    """
-    if any(item.path.name == "test_gpt2_deepspeed.py" for item in session.items):
-        session.config.stash[_OP_BUILD] = build_deepspeed_ops()
-
-
-def pytest_sessionfinish(session):
-    build = session.config.stash.get(_OP_BUILD, None)
-    if build is not None and build.poll() is None:  # an interrupted session: only our own process
-        build.terminate()
-        build.wait(timeout=30)

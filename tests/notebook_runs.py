@@ -67,25 +67,6 @@ def stop_cluster() -> None:
     _local_cluster().down(CLUSTER_DIR, CLUSTER_DIR / "cluster.env", quiet=True)
 
 
-# DeepSpeed's C++ ops on CPU: CPU Adam (offload) and the CPU workers' shared-memory collectives.
-_BUILD_OPS = """
-import time
-from deepspeed.accelerator import get_accelerator
-for name in ("CPUAdamBuilder", "ShareMemCommBuilder"):
-    start = time.perf_counter()
-    get_accelerator().create_op_builder(name).load(verbose=False)
-    print(f"{name}: ready in {time.perf_counter() - start:.1f} s", flush=True)
-"""
-
-
-def build_deepspeed_ops() -> subprocess.Popen:
-    """Start compiling DeepSpeed's CPU ops into torch's extension cache, in a process of its own (log:
-    test-artifacts/deepspeed-ops.log); a no-op of a few seconds where they are compiled already."""
-    log = open(ARTIFACTS / "deepspeed-ops.log", "w")  # noqa: SIM115 - the child writes it, then it closes
-    with log:
-        return subprocess.Popen([sys.executable, "-c", _BUILD_OPS], stdout=log, stderr=subprocess.STDOUT)
-
-
 def notebook_env(cluster: Mapping[str, str]) -> dict:
     """What a notebook's kernel gets: the cluster's variables, as after `source cluster.env`."""
     return {**os.environ, **cluster}

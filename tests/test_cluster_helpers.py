@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import helpers
@@ -123,3 +125,26 @@ def test_storage_path_checks(tmp_path):
     from pyarrow.fs import LocalFileSystem
 
     assert helpers.storage.uri(LocalFileSystem(), "/x/y") == "/x/y"
+
+
+def test_checkpoint_folder_is_private_to_each_reader(tmp_path):
+    # A filesystem that is not pyarrow's LocalFileSystem stands for a bucket: each reader gets its own copy.
+    import pyarrow.fs as pafs
+    import ray.train
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "trainer_state.json").write_text('{"step": 32}')
+    local = ray.train.Checkpoint(str(tmp_path / "ckpt"))
+    with helpers.storage.checkpoint_folder(local) as folder:
+        assert folder == str(tmp_path / "ckpt")  # a local (or NFS) checkpoint is read where it is
+    remote = ray.train.Checkpoint(
+        "ckpt", filesystem=pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    )
+    with (
+        helpers.storage.checkpoint_folder(remote) as first,
+        helpers.storage.checkpoint_folder(remote) as second,
+    ):
+        assert first != second and str(tmp_path) not in first
+        for folder in (first, second):
+            assert (Path(folder) / "trainer_state.json").read_text() == '{"step": 32}'
+    assert not Path(first).exists() and not Path(second).exists()  # deleted after the block
