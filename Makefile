@@ -16,6 +16,11 @@ else
 TORCH_SPEC ?= torch==2.13.0
 endif
 
+# DeepSpeed compiles its CPU ops (CPU Adam, shared-memory collectives: 75 s on 2 cores) on first use into
+# torch's extension cache. One cache per virtualenv: with the default (~/.cache/torch_extensions, shared by
+# every virtualenv of the user) two checkouts recompile each other's ops, the paths in the build differing.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
+
 # Tests run in a network namespace with only loopback where the kernel allows it (root, or
 # unprivileged user namespaces): outbound connections are impossible there.
 NETNS := $(shell unshare -n true >/dev/null 2>&1 && echo "unshare -n ci/with-loopback.sh" || \
