@@ -136,10 +136,12 @@ def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
         return text if len(text) <= 40 else "..." + text[-37:]
 
     width = max(map(len, table), default=0)
-    print(f"Smoke mode: {len(replaced)} full-scale defaults replaced, {len(kept)} values you set kept")
-    print(f"  {'parameter':<{width}}  {'full scale':<24}  smoke run")
+    full = max([len("full scale"), *(len(short(default)) for default, _ in table.values())])
+    plural = "" if len(kept) == 1 else "s"
+    print(f"Smoke mode: {len(replaced)} full-scale defaults replaced, {len(kept)} value{plural} you set kept")
+    print(f"  {'parameter':<{width}}  {'full scale':<{full}}  smoke run")
     for name in table:
         value = replaced.get(name, kept.get(name))
         note = "" if name in replaced else "   (yours, kept)"
-        print(f"  {name:<{width}}  {short(table[name][0]):<24}  {short(value)}{note}")
+        print(f"  {name:<{width}}  {short(table[name][0]):<{full}}  {short(value)}{note}")
     return replaced
