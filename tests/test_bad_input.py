@@ -15,20 +15,29 @@ def _tiny_gpt2():
     return helpers.tiny_model("gpt2")
 
 
+def _batch_size_cases(a_parameter: str) -> dict:
+    """A bad batch size passed in smoke mode is checked (smoke mode keeps a value passed), and the old name
+    `BATCH_SIZE` fails, listing the parameters (`a_parameter` is one of them), where papermill alone would
+    warn and train with the default."""
+    return {
+        "batch_size_0": (
+            {"SMOKE_TEST": True, "BATCH_SIZE_PER_WORKER": 0},
+            "ParameterError",
+            ["BATCH_SIZE_PER_WORKER=0", "at least 1"],
+        ),
+        "old_name_batch_size": (
+            {"SMOKE_TEST": True, "BATCH_SIZE": 4},
+            "ParameterError",
+            ["Unknown parameter", "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)", a_parameter],
+        ),
+    }
+
+
 # (parameters, expected exception name, words the message must contain)
 CASES = {
     "zero_stage_4": ({"SMOKE_TEST": True, "ZERO_STAGE": 4}, "ParameterError", ["ZERO_STAGE=4", "0, 1, 2, 3"]),
     "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
-    "batch_size_0": (
-        {"SMOKE_TEST": True, "BATCH_SIZE_PER_WORKER": 0},  # smoke mode replaces 1 by 8, keeps a value passed
-        "ParameterError",
-        ["BATCH_SIZE_PER_WORKER=0", "at least 1"],
-    ),
-    "old_name_batch_size": (
-        {"SMOKE_TEST": True, "BATCH_SIZE": 4},  # papermill alone would warn and train with the default
-        "ParameterError",
-        ["Unknown parameter", "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)", "MAX_STEPS_PER_EPOCH"],
-    ),
+    **_batch_size_cases("MAX_STEPS_PER_EPOCH"),
     "unknown_offload": (
         {"SMOKE_TEST": True, "OFFLOAD": "gpu"},
         "ParameterError",
@@ -91,16 +100,7 @@ CASES = {
 
 GLUE_CASES = {
     "unknown_task": ({"SMOKE_TEST": True, "TASK": "squad"}, "ParameterError", ["TASK='squad'", "'mnli-mm'"]),
-    "batch_size_0": (
-        {"SMOKE_TEST": True, "BATCH_SIZE_PER_WORKER": 0},  # smoke mode replaces 1 by 8, keeps a value passed
-        "ParameterError",
-        ["BATCH_SIZE_PER_WORKER=0", "at least 1"],
-    ),
-    "old_name_batch_size": (
-        {"SMOKE_TEST": True, "BATCH_SIZE": 4},  # papermill alone would warn and train with the default
-        "ParameterError",
-        ["Unknown parameter", "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)", "GLUE_PATH"],
-    ),
+    **_batch_size_cases("GLUE_PATH"),
     "no_workers": ({"NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
     "missing_checkpoint_offline": (
         {"MODEL_NAME": "no-such-org/no-such-bert", "USE_GPU": False},

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from browser import CHROMIUM_FLAGS, chromium_or_skip
 from notebook_runs import ARTIFACTS, NOTEBOOKS, ROOT
 
 DOCS = ROOT / "docs"
@@ -38,15 +39,6 @@ SCREENSHOTS = ARTIFACTS / "docs" / "screenshots"
 NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
 # As `make docs` builds: warnings are errors, all of them reported, from a fresh environment.
 SPHINX = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html"]
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-proxy-server",  # the tests point proxy variables at a tripwire; a page's own requests stay here
-]
 
 
 def sphinx_build(src: Path, out: Path, conf_dir: Path = DOCS, **env: str) -> subprocess.CompletedProcess:
@@ -92,20 +84,6 @@ def site() -> Path:
     proc = sphinx_build(DOCS, out)
     assert proc.returncode == 0, f"the docs build warned or failed:\n{proc.stderr[-6000:]}"
     return out
-
-
-def chromium_or_skip() -> str:
-    """The Chromium to drive (`CHROMIUM`, default Debian's); without one, skip the test, or fail it in CI."""
-    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-    if Path(chromium).exists():
-        return chromium
-    reason = (
-        f"no Chromium at {chromium}: `make test` installs Debian's chromium where it can (as root or with "
-        "sudo that asks no password); elsewhere install Chromium and set CHROMIUM=/path/to/it"
-    )
-    if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-        pytest.fail(f"{reason} (CI={os.environ['CI']}: the browser tests must run)", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

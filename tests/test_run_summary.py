@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -23,17 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "ci"))
 import run_notebooks  # noqa: E402
 import run_summary  # noqa: E402
+from browser import CHROMIUM_FLAGS, chromium_or_skip  # noqa: E402
 
 SCREENSHOT = ROOT / "test-artifacts" / "run-summary" / "summary.png"
-CHROMIUM_FLAGS = [  # as tests/test_docs.py
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-proxy-server",
-]
 
 
 def _plan(need: int) -> dict:
@@ -219,11 +210,7 @@ def test_summary_of_gpt2_results_and_robust_to_odd_ones():
 
 
 def test_summary_html_in_chromium(run_dir):
-    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-    if not Path(chromium).exists():
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"no Chromium at {chromium} (CI=true): install Debian's chromium or set CHROMIUM")
-        pytest.skip(f"no Chromium at {chromium}: set CHROMIUM to check summary.html in a browser")
+    chromium = chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
