@@ -6,6 +6,7 @@ notebooks; this package holds only set-up a learner should not have to wade thro
 """
 
 from .cache import cache_dir
+from .checks import check_cluster, check_parameters
 from .cluster import (
     LOG_NOISE,
     ResourceRequestError,
@@ -13,8 +14,10 @@ from .cluster import (
     gpus_for_one_task,
     prefetch_model_on_nodes,
     start_ray,
+    worker_log_path,
 )
 from .cost import INSTANCE_PRICES, run_cost
+from .failures import kill_if_due, run_log, show_progress
 from .fixtures import (
     AG_NEWS_LABELS,
     GLUE_SCHEMAS,
@@ -68,6 +71,12 @@ __all__ = [
     "glue_fixture",
     "hub_offline",
     "check_choice",
+    "check_cluster",
+    "check_parameters",
+    "kill_if_due",
+    "run_log",
+    "show_progress",
+    "worker_log_path",
     "check_parameter_names",
     "check_int",
     "check_max_positions",

@@ -13,9 +13,11 @@ Two traps this module exists for (both seen on a 2-core laptop, see the README):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import sys
 import warnings
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "on_every_node",
     "prefetch_model_on_nodes",
     "LOG_NOISE",
+    "worker_log_path",
     "RAY_ENV",
     "LOCAL_RAY_ENV",
     "HUB_ENV_VARS",
@@ -69,6 +72,9 @@ RAY_ENV = {
     "RAY_DATA_LOG_LEVEL": "WARNING",
     # Ray Train v2 tees every worker print() into its logger *and* stdout: each line shows twice.
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # Ray Data's progress bars: in a kernel they are Jupyter widgets, frozen or "Error displaying widget"
+    # in a saved notebook; the training cell shows the run log's lines instead.
+    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
 }
 # ... and for a Ray on this machine only (no RAY_ADDRESS): a laptop is never preempted, so the watcher
 # actor only costs start-up time; Ray Data's parquet reader starts 32 footer-reading actors per
@@ -85,7 +91,7 @@ LOCAL_RAY_ENV = {
 }
 
 # Set on every Ray worker: 16 workers' progress bars for the same small load are noise.
-WORKER_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+WORKER_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
 
 # Ray does not pass the driver's environment to workers on other nodes. These Hugging Face settings,
 # where the driver has them, go to every worker with the job: the token for gated models
@@ -105,29 +111,72 @@ class ResourceRequestError(RuntimeError):
     """Raised before `fit()` when the cluster can never run the requested workers."""
 
 
-def _filter_worker_logs() -> None:
-    """Drop `LOG_NOISE` lines from what Ray forwards from workers to this process."""
+_worker_log: dict = {}  # "path": where forwarded worker output goes, "file": the open file
+
+
+def _route_worker_logs(path, show: bool) -> None:
+    """Send what Ray forwards to this process to the file `path`: the workers' stdout and stderr (Ray
+    Train's controller, Lightning, DeepSpeed, transformers), and the raylets' error messages. Show it here
+    as well only if `show`; noise a learner cannot act on (`LOG_NOISE`) is never shown. A raylet's report
+    of a task killed for memory is always shown: that one needs acting on."""
     try:
+        from ray._private import ray_constants
         from ray._private import worker as ray_worker
-    except ImportError:  # a future Ray without this module: keep the noise, never break
+    except ImportError:  # a future Ray without these modules: everything stays in the notebook
         return
     dispatcher = getattr(ray_worker, "global_worker_stdstream_dispatcher", None)
-    printer = getattr(ray_worker, "print_to_stdstream", None)
+    printer = _worker_log.get("printer") or getattr(ray_worker, "print_to_stdstream", None)
     if dispatcher is None or printer is None:
         return
+    magic = getattr(ray_constants, "RAY_TQDM_MAGIC", "__ray_tqdm_magic_token__")
+    if _worker_log.get("file"):
+        _worker_log["file"].close()
+    log = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - open for the session
+    _worker_log.update(path=str(path), file=log, printer=printer)
+
+    def routed(data, ignore_prefix=False):
+        who = data.get("actor_name") or data.get("task_name") or ""
+        prefix = f"({who + ' ' if who else ''}pid={data.get('pid')}, ip={data.get('ip')}) "
+        shown = []
+        for line in data.get("lines", []):
+            if magic in line:  # a progress bar's state, not a line
+                continue
+            log.write(prefix + line + "\n")
+            memory = data.get("pid") == "raylet" and "memory" in line
+            if memory or (show and not any(p.search(line) for p in LOG_NOISE)):
+                shown.append(line)
+        if shown:
+            printer({**data, "lines": shown}, ignore_prefix=ignore_prefix)
 
     ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
-
-    def handler(data):
-        lines = [ln for ln in data.get("lines", []) if not any(p.search(ln) for p in LOG_NOISE)]
-        if lines:
-            printer({**data, "lines": lines}, ignore_prefix=ignore_prefix)
-
     try:
         dispatcher.remove_handler("ray_print_logs")
-        dispatcher.add_handler("ray_print_logs", handler)
+        dispatcher.add_handler("ray_print_logs", lambda data: routed(data, ignore_prefix))
+        # The raylets' error messages (e.g. "A worker died or was killed ...") reach the driver through
+        # this module-level function, not through the dispatcher.
+        ray_worker.print_to_stdstream = routed
     except Exception:  # noqa: BLE001 - private API; noise is better than a crash
         pass
+
+
+@contextlib.contextmanager
+def _stderr_to(path):
+    """Send this process's file descriptor 2 to `path` for the block: Ray's C++ start-up messages (e.g.
+    that a machine without internet cannot find its IP address by asking 8.8.8.8) are not for the notebook."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def worker_log_path() -> str | None:
+    """The file `start_ray` sends the workers' output to (None before it ran, or when it shows it here)."""
+    return _worker_log.get("path")
 
 
 def job_runtime_env(attach: bool) -> dict:
@@ -146,38 +195,58 @@ def job_runtime_env(attach: bool) -> dict:
     return runtime_env
 
 
-def start_ray(num_cpus: int | None = None, **init_kwargs) -> dict:
-    """Attach to the cluster at `RAY_ADDRESS` (Anyscale, `ray start`), or start a local Ray.
+def start_ray(
+    notebook: str = "notebook", show_worker_logs: bool = False, num_cpus: int | None = None, **init_kwargs
+):
+    """Attach to the cluster at `RAY_ADDRESS` (Anyscale, `ray start`), or start a local Ray; print one line
+    about it and return `ray.cluster_resources()`.
 
-    A local Ray gets `num_cpus` logical CPUs, by default `max(4, 2 * cores)`: enough slots
-    for the training workers *and* Ray Data's tasks (the anti-deadlock setting above).
-    The job's runtime environment (`job_runtime_env`) ships `helpers` and the Hub settings to
-    every worker. Returns `ray.cluster_resources()`.
+    - A local Ray gets `num_cpus` logical CPUs, by default `max(4, 2 * cores)`: enough slots for the
+      training workers *and* Ray Data's tasks (the anti-deadlock setting above).
+    - The job's runtime environment (`job_runtime_env`) ships `helpers` and the Hub settings to every worker.
+    - What the workers print (Ray Train's controller, Lightning, DeepSpeed, transformers, your own prints
+      in a training function) goes to a log file, `<cache>/logs/<notebook>-<time>.log`, which the line
+      printed here names: the training cell shows the run log's lines instead (`helpers.show_progress`).
+      `show_worker_logs=True` shows the workers' output here as well.
     """
+    import datetime
+
     import ray
+
+    from .cache import cache_dir
 
     for var, value in {**RAY_ENV, **({} if os.environ.get("RAY_ADDRESS") else LOCAL_RAY_ENV)}.items():
         os.environ.setdefault(var, value)
     logging.getLogger("ray.data").setLevel(os.environ["RAY_DATA_LOG_LEVEL"])  # if already imported
     # Ray Train v2 prints a deprecation hint per call for this; the notebooks use the v2 API.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
+    attach = bool(os.environ.get("RAY_ADDRESS"))
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
         kwargs.update(init_kwargs)
-        attach = bool(os.environ.get("RAY_ADDRESS"))
         job, given = job_runtime_env(attach), kwargs.get("runtime_env", {})
         runtime_env = {**job, **given, "env_vars": {**job["env_vars"], **given.get("env_vars", {})}}
         kwargs["runtime_env"] = runtime_env
-        forwarded = sorted(v for v in runtime_env["env_vars"] if v in HUB_ENV_VARS)
-        if forwarded:
-            print(f"Sent to every worker with the job: {', '.join(forwarded)}")
-        if attach:
-            ray.init(**kwargs)
-        else:
-            cores = os.cpu_count() or 1
-            ray.init(num_cpus=num_cpus or max(4, 2 * cores), **kwargs)
-        _filter_worker_logs()
-    return ray.cluster_resources()
+        logs = cache_dir() / "logs"
+        logs.mkdir(exist_ok=True)
+        path = logs / f"{notebook}-{datetime.datetime.now():%Y%m%d-%H%M%S}.log"
+        with _stderr_to(path):
+            if attach:
+                ray.init(**kwargs)
+            else:
+                cores = os.cpu_count() or 1
+                ray.init(num_cpus=num_cpus or max(4, 2 * cores), **kwargs)
+        _route_worker_logs(path, show_worker_logs)
+        # Ray Data says once, as a warning, that its progress bars are off: they are, on purpose (RAY_ENV).
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+    resources = ray.cluster_resources()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    gpus = f", {resources.get('GPU', 0):g} GPUs" if resources.get("GPU") else ", no GPU"
+    print(
+        f"Ray: {'attached to' if attach else 'started'} {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs{gpus}. "
+        f"Workers' output: {worker_log_path() or 'shown here'}"
+    )
+    return resources
 
 
 def _autoscaling() -> bool:

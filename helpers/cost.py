@@ -20,6 +20,7 @@ INSTANCE_PRICES = {
     "g5.xlarge": 1.006,  # 1 A10G
     "g5.12xlarge": 5.672,  # 4 A10G
     "p4d.24xlarge": 32.7726,  # 8 A100 40GB
+    "p4de.24xlarge": 40.96627,  # 8 A100 80GB: the Llama 2 70B post's nodes
 }
 
 

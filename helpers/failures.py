@@ -1,27 +1,52 @@
-"""A worker killed for real, and a record of what Ray Train did about it.
+"""A worker killed for real, and what a person reads while a run trains: a line per logging interval.
 
-Used by the training functions of the GPT-2, Dolly, Llama and GLUE notebooks (`KILL_WORKER_AT_STEP`).
+Used by the training functions of every notebook (`run_log.log`, `kill_if_due`), by their training cells
+(`show_progress`) and by their sections "When a worker dies" (`RunLog.kill_summary`).
 
 When a worker process dies, its whole worker group goes with it: everything the workers held in
 memory, and every metric reported since the last checkpoint. `RunLog` is a small Ray actor that the
-notebook creates and owns, so it outlives the worker group: rank 0 tells it each step's loss and
-each attempt's starting step, and it lets exactly one worker die once. Afterwards it can say which
-steps ran twice and whether they gave the same losses.
+notebook creates and owns, so it outlives the worker group: rank 0 tells it each step's loss and each
+attempt's starting step, and it lets exactly one worker die once. It also keeps the lines the training
+cell shows (`show_progress` prints them from the driver while `fit()` runs): one per logging interval,
+the kill, the restart and the step it resumed from. Everything else the workers print goes to the
+worker log file that `helpers.start_ray` names.
 """
 
 from __future__ import annotations
 
-__all__ = ["RunLog", "run_log", "check_kill_step", "report_collection_seconds"]
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+__all__ = [
+    "RunLog",
+    "run_log",
+    "kill_if_due",
+    "show_progress",
+    "check_kill_step",
+    "report_collection_seconds",
+]
 
 
 class RunLog:
-    """Per-step losses of every attempt of one run, kept outside the workers (a Ray actor)."""
+    """Per-step losses of every attempt of one run, kept outside the workers (a Ray actor), and the lines
+    a person reads about it.
 
-    def __init__(self) -> None:
+    `total_steps` and `print_every`: a progress line for steps `print_every`, `2 * print_every`, ... and the
+    last; `unit` names what a line counts ("step", or "epoch").
+    """
+
+    def __init__(self, total_steps: int | None = None, print_every: int = 1, kill_at_step: int = 0) -> None:
         self.attempts: list[dict] = []  # each: {"resumed_from": step, "losses": {step: loss}}
         self.killed_at: int | None = None
+        self.kill_at_step = int(kill_at_step)
+        self.total_steps = total_steps
+        self.print_every = max(1, int(print_every))
+        self.lines: list[str] = []  # what the training cell shows, in order
         self._notes: dict = {}
 
+    # ---- what the workers tell it
     def note(self, key: str, value) -> None:
         """Keep a small fact of the run (e.g. where the workers ran) for the notebook to read."""
         self._notes[key] = value
@@ -29,19 +54,43 @@ class RunLog:
     def notes(self) -> dict:
         return dict(self._notes)
 
+    def say(self, line: str) -> None:
+        """A line for the training cell (an event a person should see, e.g. which attention runs)."""
+        self.lines.append(str(line))
+
     def start_attempt(self, resumed_from_step: int) -> int:
         self.attempts.append({"resumed_from": int(resumed_from_step), "losses": {}})
+        if len(self.attempts) > 1:
+            where = (
+                f"from the checkpoint at step {resumed_from_step}"
+                if resumed_from_step
+                else "from the start: no checkpoint had been reported yet"
+            )
+            self.say(
+                f"Ray Train started a new worker group (attempt {len(self.attempts)}); it resumes {where}"
+            )
         return len(self.attempts)
 
-    def log(self, step: int, loss: float) -> None:
+    def log(self, step: int, loss: float, **extra) -> None:
+        """Rank 0: step `step` (counted from 1) ended with `loss`; `extra` (e.g. lr=...) shows on its line."""
         self.attempts[-1]["losses"][int(step)] = float(loss)
+        first_of_attempt = len(self.attempts[-1]["losses"]) == 1 and len(self.attempts) > 1
+        if step % self.print_every == 0 or step == self.total_steps or first_of_attempt:
+            total = f"/{self.total_steps}" if self.total_steps else ""
+            more = "".join(f"  {k} {_fmt(v)}" for k, v in extra.items())
+            self.say(f"step {step}{total}  loss {loss:.4f}{more}")
 
     def claim_kill(self, step: int) -> bool:
         """True for the first caller only: the kill happens once per run, not again after the restart."""
         if self.killed_at is not None:
             return False
         self.killed_at = int(step)
+        self.say(f"rank 1 kills its own process (SIGKILL) at step {step}: the worker group fails")
         return True
+
+    # ---- what the notebook reads
+    def lines_since(self, index: int) -> list[str]:
+        return self.lines[index:]
 
     def losses(self) -> list[float]:
         """The run's losses by step; a step run twice counts with its last attempt's value."""
@@ -71,11 +120,74 @@ class RunLog:
         }
 
 
-def run_log():
-    """Create the notebook's `RunLog` actor (no CPU reserved: it only stores a few numbers)."""
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.2e}" if value and abs(value) < 1e-2 else f"{value:.4g}"
+    return str(value)
+
+
+def run_log(total_steps: int | None = None, print_every: int = 1, kill_at_step: int = 0):
+    """Create the notebook's `RunLog` actor (no CPU reserved: it only stores a few numbers).
+
+    It is placed on the head node, where the notebook's driver runs: an actor on a worker node would die
+    with that node, and every later attempt of the run would fail on it.
+    """
     import ray
 
-    return ray.remote(num_cpus=0)(RunLog).remote()
+    actor = ray.remote(num_cpus=0)(RunLog)
+    head = {"node:__internal_head__": 0.001} if "node:__internal_head__" in ray.cluster_resources() else {}
+    return actor.options(resources=head).remote(total_steps, print_every, kill_at_step)
+
+
+def kill_if_due(run_log, rank: int, step: int, kill_at_step: int) -> None:
+    """On rank 1, at step `kill_at_step` (0: never) of the first attempt: a real crash, no exception, no cleanup.
+
+    The section "When a worker dies" of each notebook explains what follows. The worker first waits two of
+    Ray Train's report-collection intervals (`report_collection_seconds`), so that the checkpoint reported
+    just before is registered: the kill then shows a resume from it, not a restart from the one before.
+    """
+    import signal
+    import time
+
+    import ray
+
+    if rank == 1 and kill_at_step and step == kill_at_step and ray.get(run_log.claim_kill.remote(step)):
+        time.sleep(report_collection_seconds())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def show_progress(run_log, poll_seconds: float = 0.5) -> Iterator[None]:
+    """Print the run log's lines here, in the training cell, while the block (`trainer.fit()`) runs.
+
+    The lines come from the driver, so they land in this cell in order, and the last ones are printed
+    before the block's result: a line per logging interval, the kill, the restart and its step.
+    """
+    import ray
+
+    printed = 0
+    stop = threading.Event()
+
+    def flush() -> None:
+        nonlocal printed
+        lines = ray.get(run_log.lines_since.remote(printed))
+        for line in lines:
+            print(line, flush=True)
+        printed += len(lines)
+
+    def follow() -> None:
+        while not stop.wait(poll_seconds):
+            with contextlib.suppress(Exception):  # the next poll, or the final flush, catches up
+                flush()
+
+    thread = threading.Thread(target=follow, name="show_progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        flush()
 
 
 def check_kill_step(name: str, value, num_workers: int, total_steps: int | None = None) -> int:
@@ -94,13 +206,11 @@ def check_kill_step(name: str, value, num_workers: int, total_steps: int | None 
 
 def report_collection_seconds() -> float:
     """Two of Ray Train's report-collection intervals, in seconds: how long a worker that is about to be
-    killed waits first (GPT-2 and GLUE notebooks, "A worker that dies").
+    killed waits first (`kill_if_due`).
 
     Ray Train's controller collects the workers' reports when it polls them, every
     `RAY_TRAIN_HEALTH_CHECK_INTERVAL_S` (2 s by default; the laptop's Ray uses 0.5 s). A worker that
     dies sooner after a checkpoint's report can take that checkpoint with it, and the run then resumes
     from the one before: seen with GLUE's 30 ms steps, and with GPT-2's (0.1 s) once in a dozen runs.
     """
-    import os
-
     return 2 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2"))

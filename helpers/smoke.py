@@ -11,7 +11,14 @@ import json
 
 from .validate import ParameterError
 
-__all__ = ["check_parameter_names", "parameter_values", "smoke_overrides", "papermill_parameters", "RENAMED"]
+__all__ = [
+    "check_parameter_names",
+    "parameter_values",
+    "smoke_overrides",
+    "replaced_defaults",
+    "papermill_parameters",
+    "RENAMED",
+]
 
 # Names these notebooks (or the tutorials they come from) used before the suite agreed on one name per
 # idea; a batch job that still passes one is told the new name.
@@ -114,6 +121,15 @@ def parameter_values(namespace: dict) -> dict:
     return values
 
 
+_replaced_defaults: dict = {}  # parameter: its full-scale default, for what smoke mode replaced
+
+
+def replaced_defaults() -> dict:
+    """The full-scale defaults of the parameters the last `smoke_overrides` replaced ({} outside smoke mode):
+    the "will it fit?" tables show the full-scale run next to the laptop's."""
+    return dict(_replaced_defaults)
+
+
 def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
     """Return the smoke values for the parameters in `table` that are still at their full-scale default.
 
@@ -130,6 +146,8 @@ def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
             replaced[name] = smoke
         else:
             kept[name] = current
+    _replaced_defaults.clear()
+    _replaced_defaults.update({name: table[name][0] for name in replaced})
 
     def short(value) -> str:
         text = repr(value)

@@ -1,0 +1,271 @@
+"""The first cells' checks, one call each: the parameters (and "will it fit?"), then the cluster.
+
+Used by the "Set up" cell of every notebook:
+
+- `check_parameters(notebook, globals())` fails at once, naming the parameter and what is allowed, on
+  a name the notebook does not have (a misspelt `papermill -p`), a bad value, storage that cannot be
+  written, a model or dataset that cannot be reached, a sequence longer than the model's positions, or
+  a run the "will it fit?" plan (`helpers.plan`) says does not fit. It returns that plan. Nothing is
+  downloaded and no GPU is requested before it has passed.
+- `check_cluster(notebook, globals())`, after `helpers.start_ray`: the Ray cluster can run the workers
+  at all (`fit()` would otherwise wait forever), every node can write to `STORAGE_PATH` (the workers
+  write the checkpoints), and, for Llama, every node has the weights before the first collective's
+  timeout starts.
+
+The per-notebook rules are here, not in the notebooks, so that the lesson starts on the first screen;
+the parameters cell's comments say what each parameter allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .validate import ParameterError, check_choice, check_int, check_positive
+
+__all__ = ["check_parameters", "check_cluster", "plan_for", "compare_plans", "full_scale", "NOTEBOOKS"]
+
+PLACEMENTS = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+
+def _common(p: dict, total_steps: int | None = None) -> None:
+    from .failures import check_kill_step
+    from .storage import check_storage_path
+
+    check_int("NUM_WORKERS", p["NUM_WORKERS"], minimum=1)
+    check_int("BATCH_SIZE_PER_WORKER", p["BATCH_SIZE_PER_WORKER"], minimum=1)
+    check_positive("LEARNING_RATE", p["LEARNING_RATE"])
+    check_choice("USE_GPU", p["USE_GPU"], [True, False])
+    check_choice("PLACEMENT_STRATEGY", p["PLACEMENT_STRATEGY"], PLACEMENTS)
+    check_kill_step("KILL_WORKER_AT_STEP", p["KILL_WORKER_AT_STEP"], p["NUM_WORKERS"], total_steps)
+    check_storage_path("STORAGE_PATH", p["STORAGE_PATH"])
+
+
+def _gpt2(p: dict) -> None:
+    check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
+    check_int("MAX_STEPS_PER_EPOCH", p["MAX_STEPS_PER_EPOCH"], minimum=1)
+    check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=8)
+    check_choice("ZERO_STAGE", p["ZERO_STAGE"], [0, 1, 2, 3])
+    check_choice("OFFLOAD", p["OFFLOAD"], ["none", "optimizer", "optimizer+params"])
+    if p["OFFLOAD"] != "none" and p["ZERO_STAGE"] == 0:
+        raise ParameterError(f"OFFLOAD={p['OFFLOAD']!r} needs ZERO_STAGE 1, 2 or 3: offload is part of ZeRO.")
+    if p["OFFLOAD"] == "optimizer+params" and p["ZERO_STAGE"] != 3:
+        raise ParameterError(
+            f"OFFLOAD='optimizer+params' needs ZERO_STAGE=3 (only stage 3 partitions the parameters); "
+            f"ZERO_STAGE={p['ZERO_STAGE']} can offload 'optimizer'."
+        )
+    check_choice("PRECISION", p["PRECISION"], ["bf16", "fp16", "fp32"])
+    if p["PRECISION"] == "fp16" and not p["USE_GPU"]:
+        # DeepSpeed's CPU accelerator supports fp16 only with special builds; bf16 works everywhere.
+        raise ParameterError("PRECISION='fp16' needs USE_GPU=True; on CPU use PRECISION='bf16' or 'fp32'.")
+    _common(p, p["NUM_EPOCHS"] * p["MAX_STEPS_PER_EPOCH"])
+
+
+def _dolly(p: dict) -> None:
+    from .fsdp import LIGHTNING_PRECISIONS
+
+    check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=8)
+    check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
+    check_positive("EPS", p["EPS"])
+    check_choice("PRECISION", p["PRECISION"], LIGHTNING_PRECISIONS)
+    check_choice("CPU_OFFLOAD", p["CPU_OFFLOAD"], [True, False])
+    if p["PRECISION"] in ("16-mixed", "16-true") and not p["USE_GPU"]:
+        raise ParameterError(
+            f"PRECISION={p['PRECISION']!r} needs USE_GPU=True; on CPU use 'bf16-mixed' or '32-true'."
+        )
+    if p["CPU_OFFLOAD"] and not p["USE_GPU"]:
+        raise ParameterError(
+            "CPU_OFFLOAD=True needs USE_GPU=True: on CPU workers the model is in CPU memory."
+        )
+    _common(p)  # the steps per epoch are known once the data is: the training cell checks the kill step
+
+
+def _llama(p: dict) -> None:
+    check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=16)
+    check_int("MAX_STEPS", p["MAX_STEPS"], minimum=1)
+    check_int("GRADIENT_ACCUMULATION_STEPS", p["GRADIENT_ACCUMULATION_STEPS"], minimum=1)
+    check_int("LOGGING_STEPS", p["LOGGING_STEPS"], minimum=1)
+    check_int("SAVE_STEPS", p["SAVE_STEPS"], minimum=1)
+    check_int("COLLECTIVE_TIMEOUT_S", p["COLLECTIVE_TIMEOUT_S"], minimum=60)
+    check_choice("USE_FLASH_ATTN", p["USE_FLASH_ATTN"], [True, False])
+    check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False])
+    for name in ("WEIGHT_DECAY", "WARMUP_RATIO"):
+        value = p[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ParameterError(f"{name}={value!r}: must be a number in [0, 1).")
+    _common(p, p["MAX_STEPS"])
+
+
+def _glue(p: dict) -> None:
+    from .glue import GLUE_TASKS
+
+    check_choice("TASK", p["TASK"], GLUE_TASKS)
+    check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
+    value = p["WEIGHT_DECAY"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ParameterError(f"WEIGHT_DECAY={value!r}: must be a number >= 0.")
+    _common(p)
+
+
+# ---- "will it fit?": each notebook's recipe, as helpers.plan.plan_training sees it -----------------
+
+
+def _plan_gpt2(p: dict) -> dict:
+    return dict(
+        activation_checkpointing=False,
+        sharding=f"zero{p['ZERO_STAGE']}",
+        gather_bytes=2,
+        offload=p["OFFLOAD"],
+        loading="every rank",  # every worker calls from_pretrained
+        checkpoint="staged",  # DeepSpeed writes each rank's shard locally, then Ray uploads it
+        fixes={
+            "gpu": "Raise ZERO_STAGE, set OFFLOAD, use more NUM_WORKERS, or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN.",
+            "host": "Choose nodes with more RAM in CLUSTER, or OFFLOAD='none'.",
+            "disk": "Choose nodes with more local disk in CLUSTER.",
+        },
+    )
+
+
+def _plan_dolly(p: dict) -> dict:
+    return dict(
+        activation_checkpointing=True,  # the strategy's activation_checkpointing_policy
+        sharding="fsdp",
+        gather_bytes=4 if p["PRECISION"] in ("32-true", "64-true") else 2,  # mixed precision gathers 16-bit
+        offload="optimizer+params" if p["CPU_OFFLOAD"] else "none",  # FSDP1 offloads weights, grads, the step
+        loading="every rank",  # every worker's DollyV2Model loads the fp32 model before FSDP shards it
+        checkpoint="staged",  # each rank writes its shard locally, then Ray uploads it
+        num_to_keep=1,
+        fixes={
+            "gpu": "Set CPU_OFFLOAD=True, more NUM_WORKERS, or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN.",
+            "host": "Choose nodes with more RAM per GPU in CLUSTER, or set CPU_OFFLOAD=False.",
+            "disk": "Choose nodes with more local disk in CLUSTER.",
+        },
+    )
+
+
+def _plan_llama(p: dict) -> dict:
+    return dict(
+        activation_checkpointing=p["USE_GRADIENT_CHECKPOINTING"],
+        sharding="fsdp",
+        gather_bytes=2,  # MixedPrecisionPolicy(param_dtype=bfloat16)
+        loading="rank 0",  # the other ranks build on `meta`
+        checkpoint="streamed",  # each rank writes its shard straight to STORAGE_PATH
+        export_bytes=2,  # the consolidated bf16/fp16 model rank 0 writes at the end
+        num_to_keep=2,
+        vocab_size=None,  # the 4 chat tokens add 4 rows: nothing the plan can see
+        foreach_optimizer=False,  # the training function's AdamW(foreach=False)
+        fixes={
+            "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN, "
+            "or set USE_GRADIENT_CHECKPOINTING=True.",
+            "host": "Choose nodes with more RAM in CLUSTER.",
+            "disk": "Choose nodes with more local disk in CLUSTER.",
+        },
+    )
+
+
+NOTEBOOKS: dict[str, tuple[Callable[[dict], None], Callable[[dict], dict] | None]] = {
+    "gpt2_deepspeed": (_gpt2, _plan_gpt2),
+    "dolly_lightning_fsdp": (_dolly, _plan_dolly),
+    "llama_fsdp": (_llama, _plan_llama),
+    "glue_text_classification": (_glue, None),
+}
+
+
+def _notebook(name: str):
+    if name not in NOTEBOOKS:
+        raise ValueError(f"unknown notebook {name!r}; known: {sorted(NOTEBOOKS)}")
+    return NOTEBOOKS[name]
+
+
+def plan_for(notebook: str, p: dict, title: str | None = None):
+    """The "will it fit?" plan (`helpers.plan.Plan`) of `notebook` with the parameters `p`; None for a
+    notebook without one (GLUE's models fit any GPU)."""
+    from .plan import plan_training
+
+    recipe = _notebook(notebook)[1]
+    if recipe is None:
+        return None
+    return plan_training(
+        title=title or f"{p['MODEL_NAME'].rstrip('/').split('/')[-1]} on {p['NUM_WORKERS']} workers",
+        model_name=p["MODEL_NAME"],
+        num_workers=p["NUM_WORKERS"],
+        cluster=p["CLUSTER"] if p["USE_GPU"] else None,  # None: this machine's CPU workers
+        batch_size=p["BATCH_SIZE_PER_WORKER"],
+        seq_len=p["MAX_SEQ_LEN"],
+        **recipe(p),
+    )
+
+
+def compare_plans(notebook: str, p: dict, variants: dict[str, dict]):
+    """One table, one column per variant (a label: the parameters it changes), rows as in the plan:
+    "needs GB (share)". E.g. ZeRO stages 0-3 side by side, or 1 worker against `NUM_WORKERS`."""
+    import pandas as pd
+
+    columns = {}
+    for label, changes in variants.items():
+        plan = plan_for(notebook, {**p, **changes}, title=label)
+        columns[label] = {
+            f"{r.what} ({r.where})": f"{r.need / 1e9:,.1f} GB"
+            + ("" if r.share is None else f" ({r.share:.0%})")
+            for r in plan.rows
+        }
+    return pd.DataFrame(columns)
+
+
+def full_scale(p: dict) -> dict:
+    """`p` with the full-scale defaults smoke mode replaced put back (the parameters cell's values)."""
+    from .smoke import replaced_defaults
+
+    return {**p, **replaced_defaults()}
+
+
+def check_parameters(notebook: str, namespace: dict):
+    """Check every parameter of `notebook` (its globals, after smoke mode); return its "will it fit?" plan.
+
+    In order, each failing with a `ParameterError` that names the parameter and what is allowed: names
+    papermill passed that the notebook does not have; each value; `STORAGE_PATH` (a small object is
+    written and deleted there); the plan, from the model's architecture only (`helpers.plan`: counted
+    on PyTorch's `meta` device, nothing downloaded; a row that does not fit stops here, one above 85 %
+    warns); then whether the model and the data can be reached and the sequence fits the model.
+    """
+    from .smoke import check_parameter_names
+    from .validate import check_max_positions, check_source_available, hub_offline
+
+    check_parameter_names(namespace)
+    rules, _ = _notebook(notebook)
+    rules(namespace)
+    plan = plan_for(notebook, namespace)
+    if plan is not None:
+        plan.check()
+    p = namespace
+    check_source_available("MODEL_NAME", p["MODEL_NAME"], "model")
+    if "GLUE_PATH" in p:
+        if not p["GLUE_PATH"].startswith("hf://"):
+            check_source_available("GLUE_PATH", p["GLUE_PATH"], "dataset")
+        elif hub_offline():
+            raise ParameterError(
+                f"GLUE_PATH={p['GLUE_PATH']!r}: the Hugging Face Hub is offline (HF_HUB_OFFLINE=1). Pass a "
+                "local copy with the same layout, go online, or run the small version with SMOKE_TEST=True."
+            )
+    else:
+        check_max_positions("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], p["MODEL_NAME"])
+        check_source_available("DATASET_NAME", p["DATASET_NAME"], "dataset")
+    model = p["MODEL_NAME"].rstrip("/").split("/")[-1]
+    print(f"Parameters OK: {model} on {p['NUM_WORKERS']} workers, checkpoints in {p['STORAGE_PATH']}")
+    return plan
+
+
+def check_cluster(notebook: str, namespace: dict) -> None:
+    """After `helpers.start_ray`: can this Ray cluster ever run the workers, and can every node write the
+    checkpoints? For Llama, each node also fetches the weights now (`prefetch_model_on_nodes`)."""
+    from .cluster import check_resources, prefetch_model_on_nodes
+    from .storage import check_storage_from_nodes
+
+    _notebook(notebook)
+    p = namespace
+    check_resources(p["NUM_WORKERS"], p["USE_GPU"])
+    nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
+    where = f"; every node ({nodes}) can write to the bucket" if nodes else ""
+    if notebook == "llama_fsdp":
+        seconds = prefetch_model_on_nodes("MODEL_NAME", p["MODEL_NAME"], p["USE_GPU"])
+        where += f"; the weights are on {len(seconds)} node(s), slowest {max(seconds.values()):.0f} s"
+    print(f"Cluster OK: room for {p['NUM_WORKERS']} workers{where}")
