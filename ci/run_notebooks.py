@@ -48,8 +48,16 @@ TQDM = re.compile(
 )
 TQDM_LOSS = re.compile(r"(\w*loss\w*)=([-+\d.eE]+|nan|inf)")
 STEP_LOSS = re.compile(r"\bstep\s+\d+(?:/\d+)?\b.*\bloss\b", re.IGNORECASE)
-ALERTS = re.compile(r"killing my own process|^A worker died or was killed|^\[FailurePolicy\]|^Killed at step")
-NOTES = re.compile(r"^(?:Finished\b|Resumed\b|Restored all states|Started training worker group|It fits:)")
+# The notebooks' own lines (the run log's, printed by helpers.show_progress) and, where a notebook shows
+# its workers' output (helpers.start_ray(show_worker_logs=True)), Ray's and the frameworks' lines.
+ALERTS = re.compile(
+    r"killing my own process|kills its own process|^Ray Train started a new worker group|^rank 1 died at step"
+    r"|^A worker died or was killed|^\[FailurePolicy\]|^Killed at step"
+)
+NOTES = re.compile(
+    r"^(?:Finished\b|Resumed\b|Restored all states|Started training worker group|It fits:|evaluated at step"
+    r"|Done in\b)"
+)
 MAX_LINE = 160
 print_now = functools.partial(print, flush=True)
 

@@ -142,7 +142,7 @@ def _route_worker_logs(path, show: bool) -> None:
             if magic in line:  # a progress bar's state, not a line
                 continue
             log.write(prefix + line + "\n")
-            memory = data.get("pid") == "raylet" and "memory" in line
+            memory = data.get("pid") == "raylet" and "low on memory" in line  # Ray's memory monitor
             if memory or (show and not any(p.search(line) for p in LOG_NOISE)):
                 shown.append(line)
         if shown:

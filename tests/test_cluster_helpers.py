@@ -106,6 +106,53 @@ def test_run_log_summarises_a_kill_and_its_replay():
     assert RunLog().kill_summary() is None
 
 
+def test_run_log_prints_a_line_per_interval_and_the_restart():
+    # What the training cell shows (helpers.show_progress prints these lines from the driver).
+    log = RunLog(total_steps=10, print_every=4)
+    log.start_attempt(0)
+    for step in range(1, 7):
+        log.log(step, 7.0 - step, lr=1e-3)
+    assert log.claim_kill(7)
+    log.start_attempt(4)
+    for step in range(5, 11):
+        log.log(step, 7.0 - step)
+    assert log.lines == [
+        "step 4/10  loss 3.0000  lr 1.00e-03",
+        "rank 1 kills its own process (SIGKILL) at step 7: the worker group fails",
+        "Ray Train started a new worker group (attempt 2); it resumes from the checkpoint at step 4",
+        "step 5/10  loss 2.0000",  # the first step after a restart, to show where it picked up
+        "step 8/10  loss -1.0000",
+        "step 10/10  loss -3.0000",  # the last step, always
+    ]
+    assert log.lines_since(4) == log.lines[4:]
+
+
+def test_show_progress_prints_every_line_once_in_order(capsys):
+    import ray
+
+    from helpers.failures import show_progress
+
+    class Remote:  # the actor's handle, as show_progress uses it: method.remote(...) -> ray.get(...)
+        def __init__(self, log):
+            self.lines_since = type("M", (), {"remote": staticmethod(log.lines_since)})
+
+    log = RunLog(total_steps=3)
+    log.start_attempt(0)
+    real_get = ray.get
+    ray.get = lambda value: value  # the "object refs" here are the values themselves
+    try:
+        with show_progress(Remote(log), poll_seconds=0.01):
+            for step in (1, 2, 3):
+                log.log(step, 1.0 / step)
+    finally:
+        ray.get = real_get
+    assert capsys.readouterr().out.splitlines() == [
+        "step 1/3  loss 1.0000",
+        "step 2/3  loss 0.5000",
+        "step 3/3  loss 0.3333",
+    ]
+
+
 def test_kill_step_needs_a_rank_1_and_a_step_of_the_run():
     assert check_kill_step("KILL_WORKER_AT_STEP", 0, 1, 10) == 0
     with pytest.raises(helpers.ParameterError, match="NUM_WORKERS >= 2"):
