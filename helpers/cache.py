@@ -1,6 +1,6 @@
 """Where smoke mode keeps what it builds locally: tiny models, fixture data, Ray results.
 
-Used by every notebook's smoke-mode cell (through `helpers.tiny_models` and `helpers.fixtures`).
+Used by every notebook's "Set up" cell, in smoke mode (through `helpers.tiny_models` and `helpers.fixtures`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Smoke mode points `load_dataset` at these folders instead of a Hub id, so the notebook's
 loading code is the same at both scales. Every fixture is generated from a fixed seed
-(nothing is copied from the real datasets) and carries a signal a tiny model can learn. Used by every notebook's "Smoke mode" cell.
+(nothing is copied from the real datasets) and carries a signal a tiny model can learn. Used by every notebook's "Set up" cell, in smoke mode.
 
 - `ag_news_fixture`: `ag_news` (`text`, 4-class `label`; `train`/`test`), GPT-2 + DeepSpeed notebook.
 - `play_script_fixture`: `tiny_shakespeare` (one `text` row per split, `SPEAKER:` lines), Dolly notebook.

@@ -1,7 +1,9 @@
 """Will it fit? A memory, disk and storage plan for a training run, before it spends any GPU time.
 
-Used by the "Will it fit?" cell of the GPT-2, Dolly and Llama notebooks, right after the parameter
-checks: from the model's architecture (its config; the parameters are counted on the `meta` device,
+Used by `helpers.check_parameters` in the "Set up" cell of the GPT-2, Dolly and Llama notebooks (which
+refuses a run that cannot fit before anything is downloaded), and by their sharding sections, which show
+the table next to the explanation (`helpers.checks.compare_plans`: ZeRO stages, or 1 worker against many,
+at full scale). From the model's architecture (its config; the parameters are counted on the `meta` device,
 without weights) and the run's parameters it works out, per GPU, per node and in storage, what the
 run needs, compares that with the cluster, prints one table and refuses where the run cannot fit,
 naming the parameters to change.

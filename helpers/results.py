@@ -1,6 +1,6 @@
 """The JSON a notebook writes at its end when `RESULTS_PATH` is set; `make run` and the tests read it.
 
-Used by the last cell of every notebook.
+Used by the "What the run showed" cell of every notebook.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The notebook's parameters: names papermill may pass, smoke mode's replacements, the values a run used.
 
-Used by the "Smoke mode" cell of every notebook (and `parameter_values` by the "Results" cell).
+Used by the "Set up" cell of every notebook (`smoke_overrides`; `check_parameter_names` through
+`helpers.check_parameters`) and `parameter_values` by the "What the run showed" cell.
 """
 
 from __future__ import annotations

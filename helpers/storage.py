@@ -1,6 +1,6 @@
 """`STORAGE_PATH`: a local or NFS folder, or a bucket, checked before any GPU time is spent.
 
-Used by the "Check the parameters" and "Start Ray" cells of the GPT-2, Dolly, Llama and GLUE notebooks,
+Used by `helpers.check_parameters` and `helpers.check_cluster` (the "Set up" cell of every notebook),
 and by their result cells (`uri`), so that the same code reads checkpoints from a folder or a bucket;
 `checkpoint_folder` by the training functions of the GPT-2, Dolly and GLUE notebooks when they resume.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -55,3 +56,69 @@ def test_papermill_sees_every_parameter(path):
     tree = ast.parse(next(c for c in nb.cells if c.cell_type == "code").source)
     names = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets]
     assert list(papermill.inspect_notebook(str(path))) == names
+
+
+# ---- the lesson's shape: what a learner finds, in order ------------------------------------------
+
+# The first lesson code: the first cell that loads data or a model (the tutorial's own first step).
+LESSON_CODE = re.compile(
+    r"load_dataset\(|ray\.data\.\w+\(|from_pretrained\(|read_parquet\(|url_to_fs\(|read_table\("
+)
+SECTIONS = [  # headings every notebook has, in this order
+    "## Set up",
+    "## Going further: when a worker dies",
+    "## What the run showed",
+    "## Next steps",
+    "## Exercises",
+    "## What changed from the original",
+]
+# The full-scale cost each header states, from helpers.run_cost and the original's wall time.
+HEADER_COSTS = {
+    "dolly_lightning_fsdp": (2877, {"g4dn.4xlarge": 15, "g4dn.8xlarge": 1}),  # 48 min on 16 T4s
+    "llama_fsdp": (13.5 * 3600, {"p4de.24xlarge": 2}),  # 13.5 h on 16 A100-80GB
+    "glue_text_classification": (67, {"g4dn.xlarge": 1}),  # 67 s of training on one T4
+}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_lesson_starts_on_the_first_screens(path):
+    nb = nbformat.read(path, as_version=4)
+    header = nb.cells[0].source
+    for words in ("What you will learn", "Prerequisites", "Full scale", "On a laptop", "SMOKE_TEST"):
+        assert words in header, words
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    first = next(
+        i for i, c in enumerate(code) if LESSON_CODE.search(c.source) and "if SMOKE_TEST" not in c.source
+    )
+    between = code[1:first]  # after the parameters cell, before the first lesson code
+    assert len(between) <= 2, [c.source[:60] for c in between]
+    assert sum(len(re.findall(r"\bhelpers\.\w", c.source)) for c in between) <= 10
+    headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()]
+    positions = [next((i for i, h in enumerate(headings) if h.startswith(s)), None) for s in SECTIONS]
+    assert None not in positions and positions == sorted(positions), dict(zip(SECTIONS, positions, strict=True))
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "What changed:" not in text, "the notes on what changed are in their one section"
+    for stale in ("Seen here", "measured here", "the tests", "smoke runs here"):
+        assert stale not in text, stale
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_one_local_diagram_that_renders_offline(path):
+    nb = nbformat.read(path, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    images = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", text)
+    assert images and not any("://" in image for image in images), images  # nothing from the web
+    for image in images:
+        svg = (path.parent / image).read_text()
+        assert "<title" in svg and "http" not in svg.replace("http://www.w3.org", ""), image
+
+
+@pytest.mark.parametrize("name", list(HEADER_COSTS))
+def test_the_header_states_the_full_scale_cost(name):
+    import helpers
+
+    nb = nbformat.read(Path(NOTEBOOKS[0]).parent / f"{name}.ipynb", as_version=4)
+    seconds, instances = HEADER_COSTS[name]
+    cost = helpers.run_cost(seconds, instances)
+    shown = f"${cost:,.0f}" if cost >= 100 else f"${cost:.2f}"
+    assert shown in nb.cells[0].source, (shown, nb.cells[0].source)
