@@ -2,7 +2,9 @@
 
 `make docs` builds it into `docs/_build/html`. Two modes, chosen by `DOCS_EXECUTE`:
 
-- unset or `0` (the default, seconds): the committed notebooks as they are, code without outputs;
+- unset or `0` (the default, seconds): the committed notebooks as they are, code without outputs. Under
+  its title each notebook page gets a "What you should see" box: what a smoke run prints and what
+  success looks like, from `_expected/<notebook>.md` (a notebook without one fails the build);
 - `1` (minutes): MyST-NB executes every notebook in smoke mode (`SMOKE_TEST=1`: tiny local models,
   fixture data, 2 CPU workers, offline) and renders its outputs (plots, tables, logs). Each page then
   says, under its title, that its outputs come from that CPU smoke run, with the date and versions.
@@ -32,7 +34,8 @@ copyright = f"2026, {author}"
 extensions = ["myst_nb", "sphinx.ext.autodoc"]
 # `notebooks` is a link to ../notebooks: the pages are the committed notebooks themselves, and an executed
 # notebook runs in notebooks/, its usual working directory.
-exclude_patterns = ["_build", "**/.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
+# `_expected`: the "What you should see" boxes, put into the notebook pages, not pages of their own.
+exclude_patterns = ["_build", "_expected", "**/.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
 
 # ---- Markdown (MyST) ----
 # `alert`: GitHub-style notes (`> [!NOTE]`), which read as a plain quote in JupyterLab and render as
@@ -71,6 +74,9 @@ html_static_path = ["_static"]
 html_css_files = ["site.css"]
 html_sidebars = {
     "index": [],  # pages with no siblings: no empty "Section Navigation"
+    "cluster": [],
+    "testing": [],
+    "changes": [],
     "api": [],
     # Notebook pages give the left column to their code (lines up to ~120 characters; see _static/site.css):
     # the other tutorials stay one click away in the header bar and the previous/next links.
@@ -79,6 +85,8 @@ html_sidebars = {
 html_theme_options = {
     "logo": {"text": "LLM fine-tuning on Ray"},
     "navigation_with_keys": False,
+    # every page of the root toctree in the header bar, none behind a "More" menu (the theme's default: 5)
+    "header_links_before_dropdown": 6,
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
@@ -94,8 +102,11 @@ def _versions() -> str:
     return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in names)
 
 
+EXPECTED = "_expected"  # <source dir>/_expected/<notebook>.md: what a smoke run of that notebook shows
+
 if EXECUTE:
-    PAGE_NOTE = (
+    # Above an executed notebook's outputs: where they come from.
+    EXECUTED_NOTE = (
         "> [!NOTE]\n"
         "> **Outputs from a CPU smoke run.** The outputs on this page were produced when this site was built, "
         f"on {datetime.date.today().isoformat()}, by running the notebook with `SMOKE_TEST=1`: a tiny "
@@ -103,21 +114,28 @@ if EXECUTE:
         f"2 CPU workers ({os.cpu_count()} cores, {platform.python_version()}, {_versions()}). "
         "Losses, speeds and generated text are that smoke run's, not the full-scale run's.\n"
     )
-else:
-    PAGE_NOTE = (
-        "> [!NOTE]\n"
-        "> **Code without outputs.** This page shows the notebook as committed. Run it yourself in smoke mode "
-        "(`SMOKE_TEST=1`, about a minute on a laptop) or at full scale on a GPU cluster; see "
-        "{ref}`how to run the notebooks <run-the-notebooks>`.\n"
+
+
+def what_you_should_see(expected: Path) -> str:
+    """Above a notebook shown without outputs: the box that says what running it shows (`expected`'s text)."""
+    return (
+        ":::{admonition} What you should see\n"
+        ":class: tip what-you-should-see\n"
+        "This page shows the notebook without outputs. Run it in smoke mode (`SMOKE_TEST=1`: a tiny model, "
+        "fixture data, 2 CPU workers; a few minutes on a laptop, see "
+        "{ref}`how to run the notebooks <run-the-notebooks>`) and you should see:\n\n"
+        f"{expected.read_text().strip()}\n"
+        ":::\n"
     )
 
 
 def _check_and_label_notebook(app, docname: str, source: list[str]) -> None:
-    """Fail on an invalid notebook with a clear warning; put PAGE_NOTE under each notebook page's title.
+    """Fail on an invalid notebook with a clear warning; put a note under each notebook page's title.
 
     A notebook that is not JSON, or not valid against the nbformat schema, would otherwise crash
     MyST-NB with a long traceback (and stop `--keep-going` from reporting the other problems). The
-    label goes into the page only: the notebook files are untouched.
+    note is EXECUTED_NOTE on an executed site, else the page's "What you should see" box; it goes into
+    the page only: the notebook files are untouched.
     """
     import nbformat
     from sphinx.util import logging
@@ -136,11 +154,25 @@ def _check_and_label_notebook(app, docname: str, source: list[str]) -> None:
         source[0] = nbformat.writes(nbformat.v4.new_notebook(metadata={"kernelspec": KERNELSPEC}))
         return
     first = nb.cells[0] if nb.cells else None
-    if docname.startswith("notebooks/") and first and first.cell_type == "markdown":
-        title, _, rest = first.source.partition("\n")
-        if title.startswith("# "):
-            first.source = f"{title}\n\n{PAGE_NOTE}\n{rest}"
-            source[0] = nbformat.writes(nb)
+    if not (docname.startswith("notebooks/") and first and first.cell_type == "markdown"):
+        return
+    if EXECUTE:
+        note = EXECUTED_NOTE
+    else:
+        expected = Path(app.srcdir) / EXPECTED / f"{Path(docname).name}.md"
+        if not expected.is_file():
+            logging.getLogger(__name__).warning(
+                f'no "What you should see" box: write {EXPECTED}/{expected.name}',
+                location=docname,
+                type="notebook",
+            )
+            return
+        app.env.note_dependency(str(expected))  # an edited box rebuilds the page
+        note = what_you_should_see(expected)
+    title, _, rest = first.source.partition("\n")
+    if title.startswith("# "):
+        first.source = f"{title}\n\n{note}\n{rest}"
+        source[0] = nbformat.writes(nb)
 
 
 def _helpers_reference(app, docname: str, source: list[str]) -> None:

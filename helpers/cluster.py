@@ -3,7 +3,7 @@
 Used by the "Set up" cell of every notebook (`start_ray`; `check_resources` and `prefetch_model_on_nodes` through
 `helpers.check_cluster`).
 
-Two traps this module exists for (both seen on a 2-core laptop, see the README):
+Two traps this module exists for (both seen on a 2-core laptop; docs/cluster.md, "A local Ray that never hangs"):
 
 - Ray Data + 2 training workers deadlock when the workers hold every CPU slot: the read
   operator waits, "backpressured", forever. A local Ray here advertises more logical CPUs

@@ -177,7 +177,7 @@ def all_rejections(ray_cluster):
     """Run every case below, three at a time, before the tests look at them.
 
     Each run is mostly a kernel starting and importing (1-10 s), partly waiting; three kernels keep both
-    cores busy (two: 87 s for 31 runs, three: see README). The cluster's variables are set once, for all.
+    cores busy (two: 87 s for 31 runs; three: docs/testing.md, "Measured times"). The cluster's variables are set once, for all.
     """
     cases = [
         (notebook, case, params)

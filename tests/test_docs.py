@@ -2,13 +2,16 @@
 
 The site is served on loopback and opened in headless Chromium (`CHROMIUM`, by default Debian's
 `chromium`, which `make test` installs where it can: as root or with sudo that asks no password), the
-way a reader sees it: the landing page links to every notebook's page; each page shows its title, its
-code cells and no Python traceback, and in a 1280-pixel window no code block scrolls sideways; a
-screenshot of each page is kept in `test-artifacts/docs/screenshots/`. Without Chromium the browser
-tests are skipped, with the reason in pytest's summary (the build tests still run), unless `CI=true`:
-there they fail. A small fixture site checks that notebook Markdown renders (notes, tables, images,
+way a reader sees it: the landing page links to every notebook's page; the header bar opens each of the
+guide pages (cluster, testing, changes) with its title and no link to a missing page or anchor; each
+notebook page shows its title, its "What you should see" box (`docs/_expected/<notebook>.md`), its code
+cells and no Python traceback, and in a 1280-pixel window no code block scrolls sideways; a screenshot
+of each page is kept in `test-artifacts/docs/screenshots/`. Without Chromium the browser tests are
+skipped, with the reason in pytest's summary (the build tests still run), unless `CI=true`: there they
+fail. A small fixture site checks that notebook Markdown renders (notes, tables, images,
 highlighted code, `remove-cell`/`remove-input` tags), and a broken one that a bad cross-reference, an
-unknown code language or a notebook that is not JSON fails the build.
+unknown code language, a notebook that is not JSON or a notebook page without its "What you should see"
+file fails the build.
 
 `DOCS_EXECUTE=1 make docs` also runs the `docs_executed` test here on the executed site: every notebook
 page shows a plot, says it comes from the smoke run, and has no output that needs a script from a CDN.
@@ -37,6 +40,8 @@ from notebook_runs import ARTIFACTS, NOTEBOOKS, ROOT
 DOCS = ROOT / "docs"
 SCREENSHOTS = ARTIFACTS / "docs" / "screenshots"
 NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
+# The guide pages the header bar links to, besides the tutorials and the reference.
+GUIDE_PAGES = ["cluster", "testing", "changes"]
 # As `make docs` builds: warnings are errors, all of them reported, from a fresh environment.
 SPHINX = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html"]
 
@@ -54,6 +59,29 @@ def sphinx_build(src: Path, out: Path, conf_dir: Path = DOCS, **env: str) -> sub
 def notebook_title(path: Path) -> str:
     first = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0]
     return first.removeprefix("# ").replace("`", "")
+
+
+def page_title(name: str) -> str:
+    """The title of docs/`name`.md, as its first line gives it."""
+    return (DOCS / f"{name}.md").read_text().splitlines()[0].removeprefix("# ").replace("`", "")
+
+
+def missing_link_targets(site: Path, base_url: str, hrefs: list[str]) -> list[str]:
+    """The links among `hrefs` (absolute, as the browser resolves them) into the site served at `base_url`
+    whose page or anchor does not exist in `site`."""
+    missing = []
+    for href in hrefs:
+        if not href.startswith(base_url + "/"):
+            continue  # another site, `mailto:`, ...
+        path, _, anchor = href.removeprefix(base_url + "/").partition("#")
+        target = site / path.partition("?")[0]
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            missing.append(href)
+        elif anchor and not re.search(rf'id="{re.escape(anchor)}"', target.read_text()):
+            missing.append(href)
+    return missing
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -154,8 +182,30 @@ def test_landing_page_links_to_every_notebook_page(browser, base_url):
     linked = {h.split("#")[0] for h in hrefs}
     for path in NOTEBOOK_FILES:
         assert f"{base_url}/notebooks/{path.stem}.html" in linked, f"no link to {path.stem}"
-    assert f"{base_url}/api.html" in linked
+    for name in ["api", *GUIDE_PAGES]:
+        assert f"{base_url}/{name}.html" in linked, f"no link to {name}"
     assert "papermill" in text and "SMOKE_TEST" in text  # how to run, at both scales
+
+
+@pytest.mark.parametrize("name", GUIDE_PAGES)
+def test_header_bar_opens_guide_page(browser, site, base_url, name):
+    """The page is one click away in the header bar, renders with its title, and its links all land."""
+    title = page_title(name)
+    with open_page(browser, f"{base_url}/index.html") as page:
+        link = page.locator(f".navbar-header-items__center a.nav-link[href='{name}.html']")
+        assert link.is_visible(), f"no link to {name}.html in the header bar (or only behind a menu)"
+        link.click()
+        page.wait_for_url(f"{base_url}/{name}.html")
+        h1 = page.locator("article h1").first
+        assert h1.is_visible() and h1.inner_text() == title
+        assert title in page.title()
+        assert len(page.locator("article").inner_text()) > 2000  # the page's content, not an empty shell
+        hrefs = page.locator("article a[href]").evaluate_all("links => links.map(a => a.href)")
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    assert any(h.startswith(base_url + "/") for h in hrefs), "no link into the site"
+    missing = missing_link_targets(site, base_url, hrefs)
+    assert not missing, f"links on {name}.html to a page or anchor that does not exist: {missing}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
@@ -174,15 +224,47 @@ def test_notebook_page_shows_title_code_and_no_traceback(browser, base_url, path
         first = inputs.first.inner_text()
         assert "SMOKE_TEST =" in first and "NUM_WORKERS =" in first
         assert inputs.first.locator("span.n").count() > 0
-        notes = page.locator("article div.admonition.note")
-        assert notes.first.is_visible()  # what this page shows (code only, or a smoke run's outputs)
-        assert notes.filter(has_text="What changed").count() >= 1  # the notebook's `> [!NOTE]` alerts
+        # the notebook's GitHub-style `> [!NOTE]` alerts, each an admonition
+        alerts = sum(c.source.count("> [!NOTE]") for c in nb.cells if c.cell_type == "markdown")
+        assert page.locator("article div.admonition.note").count() == alerts
         text = page.locator("article").inner_text()
+        assert "What changed" in text  # from the original tutorial: a note or a section
         assert "Traceback (most recent call last)" not in text
         assert page.locator("article .output.traceback, article .output.error").count() == 0
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"{path.stem}.png"), full_page=True)
     assert (SCREENSHOTS / f"{path.stem}.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
+def test_notebook_page_says_what_you_should_see(browser, base_url, path):
+    """On the default site (notebooks not executed), a box under the title says what a smoke run shows.
+
+    Its points are those of `docs/_expected/<notebook>.md`, each led by a bold phrase, and the full-scale
+    result.
+    """
+    expected = (DOCS / "_expected" / f"{path.stem}.md").read_text()
+    leads = [lead.replace("`", "") for lead in re.findall(r"\*\*(.+?)\*\*", expected)]
+    assert len(leads) >= 3 and "At full scale" in leads
+    with open_page(browser, f"{base_url}/notebooks/{path.stem}.html") as page:
+        box = page.locator("article div.admonition.what-you-should-see")
+        assert box.count() == 1 and box.is_visible()
+        assert box.locator(".admonition-title").inner_text() == "What you should see"
+        text = box.inner_text()
+        assert "SMOKE_TEST=1" in text  # how to get there
+        missing = [lead for lead in leads if lead not in text]
+        assert not missing, f"not in the box: {missing}"
+        # right under the title, before the notebook's own text and code
+        title_bottom = page.locator("article h1").first.bounding_box()
+        title_bottom = title_bottom["y"] + title_bottom["height"]
+        assert title_bottom <= box.bounding_box()["y"] < title_bottom + 100
+        assert box.bounding_box()["y"] < page.locator("article div.cell_input").first.bounding_box()["y"]
+        assert "Outputs from a CPU smoke run" not in page.locator("article").inner_text()
+
+
+def test_every_notebook_has_what_you_should_see_and_no_other_file_does():
+    expected = {p.stem for p in (DOCS / "_expected").glob("*.md")}
+    assert expected == {p.stem for p in NOTEBOOK_FILES}
 
 
 # Every code block in a page's text (cell inputs and Markdown code), not the cells' outputs, whose log lines
@@ -254,6 +336,7 @@ def test_executed_page_shows_a_plot_and_says_where_it_came_from(browser, base_ur
         assert page.locator("script[type='application/vnd.jupyter.widget-view+json']").count() == 0
         note = page.locator("article div.admonition.note").first.inner_text()
         assert "Outputs from a CPU smoke run" in note and "SMOKE_TEST=1" in note
+        assert page.locator("article div.what-you-should-see").count() == 0  # the outputs show it
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"{path.stem}-executed.png"), full_page=True)
 
@@ -307,11 +390,16 @@ def test_notebook_markdown_and_cell_tags_render(browser, tmp_path):
     )
     nbformat.write(_fixture_notebook(), src / "notebooks" / "page.ipynb")
     (src / "notebooks" / "pixel.png").write_bytes(PIXEL)
+    (src / "_expected").mkdir()
+    (src / "_expected" / "page.md").write_text("- **A fixture result.** What the page's smoke run prints.\n")
     proc = sphinx_build(src, tmp_path / "html")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not (tmp_path / "html" / "_expected").exists()  # put into the page, not a page of its own
     with serve(tmp_path / "html") as url, open_page(browser, f"{url}/notebooks/page.html") as page:
         article = page.locator("article")
-        assert article.locator("div.admonition.note").count() == 2  # the page's label and the alert
+        box = article.locator("div.admonition.what-you-should-see")
+        assert box.is_visible() and "A fixture result." in box.inner_text()
+        assert article.locator("div.admonition.note").count() == 1  # the alert
         assert article.locator("div.admonition.note", has_text="A GitHub-style note.").is_visible()
         assert article.locator("div.admonition.warning", has_text="A MyST warning.").is_visible()
         assert article.locator("table td", has_text="NUM_WORKERS").is_visible()
@@ -356,3 +444,19 @@ def test_warnings_fail_the_build(tmp_path, case):
     assert proc.returncode != 0
     assert re.search(message, proc.stderr), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr  # a warning naming the file, not a crash
+
+
+def test_a_notebook_page_without_what_you_should_see_fails_the_build(tmp_path):
+    src = tmp_path / "src"
+    (src / "notebooks").mkdir(parents=True)
+    (src / "index.md").write_text(
+        "# Fixture\n\n(run-the-notebooks)=\n## Run\n\n```{toctree}\nnotebooks/page\n```\n"
+    )
+    nbformat.write(_fixture_notebook(), src / "notebooks" / "page.ipynb")
+    (src / "notebooks" / "pixel.png").write_bytes(PIXEL)
+    proc = sphinx_build(src, tmp_path / "html")
+    assert proc.returncode != 0
+    assert re.search(r'page\.ipynb.*no "What you should see" box: write _expected/page\.md', proc.stderr), (
+        proc.stderr[-3000:]
+    )
+    assert "Traceback" not in proc.stderr
