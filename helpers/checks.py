@@ -197,18 +197,22 @@ def plan_for(notebook: str, p: dict, title: str | None = None):
 
 def compare_plans(notebook: str, p: dict, variants: dict[str, dict]):
     """One table, one column per variant (a label: the parameters it changes), rows as in the plan:
-    "needs GB (share)". E.g. ZeRO stages 0-3 side by side, or 1 worker against `NUM_WORKERS`."""
+    "needs GB (share of what the node has, and "close" or "too big" where it is)". E.g. ZeRO stages 0-3 side by side, or 1 worker against `NUM_WORKERS`."""
     import pandas as pd
 
     columns = {}
     for label, changes in variants.items():
         plan = plan_for(notebook, {**p, **changes}, title=label)
-        columns[label] = {
-            f"{r.what} ({r.where})": f"{r.need / 1e9:,.1f} GB"
-            + ("" if r.share is None else f" ({r.share:.0%})")
-            for r in plan.rows
-        }
+        columns[label] = {f"{r.what} ({r.where})": _cell(r) for r in plan.rows}
     return pd.DataFrame(columns)
+
+
+def _cell(row) -> str:
+    """One plan row as a table cell: "81.9 GB (95%, close)"; a row that does not fit says so in words."""
+    if row.share is None:
+        return f"{row.need / 1e9:,.1f} GB"
+    status = "" if row.status == "ok" else f", {row.status}"
+    return f"{row.need / 1e9:,.1f} GB ({row.share:.0%}{status})"
 
 
 def full_scale(p: dict) -> dict:

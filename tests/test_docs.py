@@ -231,6 +231,9 @@ def test_notebook_page_shows_title_code_and_no_traceback(browser, base_url, path
         assert "What changed" in text  # from the original tutorial: a note or a section
         assert "Traceback (most recent call last)" not in text
         assert page.locator("article .output.traceback, article .output.error").count() == 0
+        # the notebook's diagram: a local SVG the site copied, drawn (an image that failed to load has no size)
+        diagram = page.locator("article img[src$='.svg']")
+        assert diagram.count() == 1 and diagram.evaluate("img => img.complete && img.naturalWidth > 300")
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"{path.stem}.png"), full_page=True)
     assert (SCREENSHOTS / f"{path.stem}.png").stat().st_size > 10_000

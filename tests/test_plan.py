@@ -152,3 +152,45 @@ def test_one_task_asks_for_no_more_gpus_than_the_largest_node(monkeypatch):
     monkeypatch.setattr(hc, "_alive_nodes", lambda use_gpu: [])
     with pytest.raises(hc.ResourceRequestError, match="no node"):
         hc.gpus_for_one_task("The chat task", 8)
+
+
+def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
+    # The sharding sections' tables: the full-scale run (the parameters cell's defaults, even after smoke
+    # mode replaced them) for 1 worker against 16; a variant that does not fit says so in words.
+    import helpers.checks
+    import helpers.smoke
+
+    monkeypatch.setattr(helpers.smoke, "_replaced_defaults", {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"})
+    smoke = dict(
+        MODEL_NAME="/tmp/tiny-llama",
+        NUM_WORKERS=16,
+        USE_GPU=True,
+        CLUSTER={"p4de.24xlarge": 2},
+        BATCH_SIZE_PER_WORKER=1,
+        MAX_SEQ_LEN=2048,
+        USE_GRADIENT_CHECKPOINTING=True,
+    )
+    full = helpers.checks.full_scale(smoke)
+    assert full["MODEL_NAME"] == "meta-llama/Llama-2-70b-chat-hf" and smoke["MODEL_NAME"] == "/tmp/tiny-llama"
+    table = helpers.checks.compare_plans(
+        "llama_fsdp", full, {"1 worker": {"NUM_WORKERS": 1}, "16 workers": {}}
+    )
+    gpu = table.loc["training (A100-80GB GPU) (per GPU)"]
+    assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "81.9 GB (95%, close)"
+    zero = helpers.checks.compare_plans(
+        "gpt2_deepspeed",
+        dict(
+            MODEL_NAME="gpt2",
+            NUM_WORKERS=2,
+            USE_GPU=True,
+            CLUSTER={"g5.12xlarge": 1},
+            BATCH_SIZE_PER_WORKER=1,
+            MAX_SEQ_LEN=512,
+            OFFLOAD="none",
+        ),
+        {f"ZeRO-{s}": {"ZERO_STAGE": s} for s in (0, 1, 2, 3)},
+    )
+    per_gpu = [float(cell.split()[0]) for cell in zero.iloc[0]]
+    assert per_gpu == sorted(per_gpu, reverse=True) and per_gpu[0] > per_gpu[3], (
+        per_gpu
+    )  # each stage saves more
