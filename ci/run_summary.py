@@ -313,7 +313,13 @@ def loss_chart_png(results: dict) -> bytes | None:
             kill["at_step"], color="#d1242f", ls=":", lw=1.2, label=f"worker killed ({kill['at_step']})"
         )
     if x_label == "step" and _num(kill.get("resumed_from_step")) is not None:
-        ax.axvline(kill["resumed_from_step"], color="#2da44e", ls=":", lw=1.2, label="resumed from")
+        ax.axvline(
+            kill["resumed_from_step"],
+            color="#2da44e",
+            ls=":",
+            lw=1.2,
+            label=f"resumed from ({kill['resumed_from_step']})",
+        )
     resumed = [float(x) for x in results.get("resumed_losses") or [] if _num(x) is not None]
     if resumed:
         start = steps[-1] + 1
