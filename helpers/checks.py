@@ -231,9 +231,11 @@ def check_parameters(notebook: str, namespace: dict):
     on PyTorch's `meta` device, nothing downloaded; a row that does not fit stops here, one above 85 %
     warns); then whether the model and the data can be reached and the sequence fits the model.
     """
+    from .cluster import quiet_deepspeed_on_cpu
     from .smoke import check_parameter_names
     from .validate import check_max_positions, check_source_available, hub_offline
 
+    quiet_deepspeed_on_cpu()  # the plan's ZeRO estimators import DeepSpeed
     check_parameter_names(namespace)
     rules, _ = _notebook(notebook)
     rules(namespace)

@@ -108,6 +108,23 @@ HUB_ENV_VARS = (
 )
 
 
+def quiet_deepspeed_on_cpu() -> None:
+    """On a machine without a GPU, tell DeepSpeed so (`DS_ACCELERATOR=cpu`) before it is first imported.
+
+    Otherwise its import logs "Setting accelerator to CPU ..." as a warning, in whichever cell first
+    imports it (transformers' checkpoint code and the "will it fit?" plan do). Local Ray workers inherit the
+    variable, which names what DeepSpeed would choose on this machine anyway; a GPU machine is left alone.
+    """
+    import sys
+
+    if "deepspeed" in sys.modules or "DS_ACCELERATOR" in os.environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 class ResourceRequestError(RuntimeError):
     """Raised before `fit()` when the cluster can never run the requested workers."""
 

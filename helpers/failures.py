@@ -78,7 +78,8 @@ class RunLog:
         if step % self.print_every == 0 or step == self.total_steps or first_of_attempt:
             total = f"/{self.total_steps}" if self.total_steps else ""
             more = "".join(f"  {k} {_fmt(v)}" for k, v in extra.items())
-            self.say(f"step {step}{total}  loss {loss:.4f}{more}")
+            again = f"  (attempt {len(self.attempts)})" if len(self.attempts) > 1 else ""  # a replayed step
+            self.say(f"step {step}{total}  loss {loss:.4f}{more}{again}")
 
     def claim_kill(self, step: int) -> bool:
         """True for the first caller only: the kill happens once per run, not again after the restart."""

@@ -124,14 +124,18 @@ def _train_tokenizer(spec: _Spec, max_length: int):
     corpus = spec.corpus()
     if spec.encoder:
         raw = BertWordPieceTokenizer(lowercase=True)
-        raw.train_from_iterator(corpus, vocab_size=spec.vocab_size, special_tokens=specials)
+        raw.train_from_iterator(
+            corpus, vocab_size=spec.vocab_size, special_tokens=specials, show_progress=False
+        )
         # Without a post-processor the fast wrapper would add no [CLS] ... [SEP].
         raw.post_processor = processors.BertProcessing(
             ("[SEP]", raw.token_to_id("[SEP]")), ("[CLS]", raw.token_to_id("[CLS]"))
         )
     else:
         raw = ByteLevelBPETokenizer()
-        raw.train_from_iterator(corpus, vocab_size=spec.vocab_size, special_tokens=specials)
+        raw.train_from_iterator(
+            corpus, vocab_size=spec.vocab_size, special_tokens=specials, show_progress=False
+        )
     # Wrapping the trained object keeps its vocabulary; reloading a bare vocab file through
     # a slow tokenizer class maps every word to [UNK] (../shared/FINDINGS.md).
     return PreTrainedTokenizerFast(
@@ -155,6 +159,14 @@ def tiny_model(arch: str, **overrides) -> str:
     def build(tmp: Path) -> None:
         import torch
         import transformers
+        from transformers.utils import logging as hf_logging
+
+        from .cluster import quiet_deepspeed_on_cpu
+
+        # Built once, in the set-up cell: no "Writing model shards" bar (a widget in a notebook) and no
+        # DeepSpeed line about choosing the CPU, which transformers' checkpoint code can trigger here.
+        hf_logging.disable_progress_bar()
+        quiet_deepspeed_on_cpu()
 
         config_class = getattr(transformers, spec.config_class)
         max_length = next(

@@ -120,9 +120,9 @@ def test_run_log_prints_a_line_per_interval_and_the_restart():
         "step 4/10  loss 3.0000  lr 1.00e-03",
         "rank 1 kills its own process (SIGKILL) at step 7: the worker group fails",
         "Ray Train started a new worker group (attempt 2); it resumes from the checkpoint at step 4",
-        "step 5/10  loss 2.0000",  # the first step after a restart, to show where it picked up
-        "step 8/10  loss -1.0000",
-        "step 10/10  loss -3.0000",  # the last step, always
+        "step 5/10  loss 2.0000  (attempt 2)",  # the first step after a restart, to show where it picked up
+        "step 8/10  loss -1.0000  (attempt 2)",
+        "step 10/10  loss -3.0000  (attempt 2)",  # the last step, always
     ]
     assert log.lines_since(4) == log.lines[4:]
 
