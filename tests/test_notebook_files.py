@@ -95,7 +95,9 @@ def test_the_lesson_starts_on_the_first_screens(path):
     assert sum(len(re.findall(r"\bhelpers\.\w", c.source)) for c in between) <= 10
     headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()]
     positions = [next((i for i, h in enumerate(headings) if h.startswith(s)), None) for s in SECTIONS]
-    assert None not in positions and positions == sorted(positions), dict(zip(SECTIONS, positions, strict=True))
+    assert None not in positions and positions == sorted(positions), dict(
+        zip(SECTIONS, positions, strict=True)
+    )
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "What changed:" not in text, "the notes on what changed are in their one section"
     for stale in ("Seen here", "measured here", "the tests", "smoke runs here"):
