@@ -55,8 +55,9 @@ class RunLog:
         return dict(self._notes)
 
     def say(self, line: str) -> None:
-        """A line for the training cell (an event a person should see, e.g. which attention runs)."""
-        self.lines.append(str(line))
+        """A line for the training cell (an event a person should see, e.g. an evaluation); after a restart
+        it names the attempt, so that an event the new worker group repeats reads as a repeat."""
+        self.lines.append(f"{line}  (attempt {len(self.attempts)})" if len(self.attempts) > 1 else str(line))
 
     def start_attempt(self, resumed_from_step: int) -> int:
         self.attempts.append({"resumed_from": int(resumed_from_step), "losses": {}})
@@ -66,7 +67,7 @@ class RunLog:
                 if resumed_from_step
                 else "from the start: no checkpoint had been reported yet"
             )
-            self.say(
+            self.lines.append(
                 f"Ray Train started a new worker group (attempt {len(self.attempts)}); it resumes {where}"
             )
         return len(self.attempts)
@@ -78,8 +79,7 @@ class RunLog:
         if step % self.print_every == 0 or step == self.total_steps or first_of_attempt:
             total = f"/{self.total_steps}" if self.total_steps else ""
             more = "".join(f"  {k} {_fmt(v)}" for k, v in extra.items())
-            again = f"  (attempt {len(self.attempts)})" if len(self.attempts) > 1 else ""  # a replayed step
-            self.say(f"step {step}{total}  loss {loss:.4f}{more}{again}")
+            self.say(f"step {step}{total}  loss {loss:.4f}{more}")  # names the attempt after a restart
 
     def claim_kill(self, step: int) -> bool:
         """True for the first caller only: the kill happens once per run, not again after the restart."""
