@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from types import MappingProxyType
 
 import pytest
-from notebook_runs import ARTIFACTS, GUARD_LOG, ROOT, start_cluster, stop_cluster
+from notebook_runs import (
+    ARTIFACTS,
+    GUARD_LOG,
+    ROOT,
+    LabRun,
+    jupyterlab_run,
+    smoke_nbval,
+    start_cluster,
+    stop_cluster,
+)
 
 _GUARD_CHECKED = pytest.StashKey[int]()  # how far the offline guard's log has been checked
 
@@ -89,3 +99,39 @@ def ray_cluster():
         yield MappingProxyType(driver)  # read-only: one cluster for every test
     finally:
         stop_cluster()
+
+
+@pytest.fixture(scope="session")
+def jupyterlab(ray_cluster, tmp_path_factory) -> Callable[[str], LabRun]:
+    """`jupyterlab(name)`: notebooks/<name>.ipynb run in smoke mode through JupyterLab in Chromium on the test
+    cluster (notebook_runs.jupyterlab_run), once a session per notebook: test_jupyterlab.py checks the page,
+    the notebook's own tests take its results JSON. Skipped without a Chromium (failed in CI)."""
+    runs: dict[str, LabRun] = {}
+
+    def run(name: str) -> LabRun:
+        if name not in runs:
+            runs[name] = jupyterlab_run(name, ray_cluster, tmp_path_factory.mktemp(f"jupyterlab-{name}"))
+            print(runs[name].summary())
+        return runs[name]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def smoke_run(jupyterlab, ray_cluster, tmp_path_factory) -> Callable[[str], tuple[dict, float]]:
+    """`smoke_run(name)`: (results JSON, wall seconds) of the notebook's smoke run as a learner runs it, in
+    JupyterLab (the `jupyterlab` fixture's run; one run serves both) or, where there is no Chromium to drive
+    (outside CI), validated cell by cell by nbval (notebook_runs.smoke_nbval). Fails if no results JSON."""
+    from browser import chromium_or_skip
+
+    def run(name: str) -> tuple[dict, float]:
+        try:
+            chromium_or_skip()
+        except pytest.skip.Exception as why:
+            print(f"{name}: through nbval, not JupyterLab ({why})")
+            return smoke_nbval(name, tmp_path_factory.mktemp(f"nbval-{name}"), ray_cluster)
+        lab = jupyterlab(name)
+        assert lab.results is not None, f"the notebook wrote no results JSON: {lab.summary()}\n{lab.problems}"
+        return lab.results, lab.wall
+
+    return run

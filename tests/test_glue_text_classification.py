@@ -6,7 +6,7 @@ Floors are set from measured smoke runs on the 2-core machine (in brackets), wel
 from __future__ import annotations
 
 import pytest
-from notebook_runs import check_cluster_run, execute, last_checkpoint_before, listing, smoke_nbval
+from notebook_runs import check_cluster_run, execute, last_checkpoint_before, listing
 
 NAME = "glue_text_classification"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
@@ -28,9 +28,10 @@ def _check_common(results: dict, task: str, cluster, resumed: bool = False) -> N
 
 
 @pytest.mark.notebook
-@pytest.mark.timeout(300)
-def test_cola_default_task_validated_cell_by_cell(tmp_path, ray_cluster):
-    results, wall = smoke_nbval(NAME, tmp_path, ray_cluster)
+# A JupyterLab server and Chromium, and at most 400 s for the cells (conftest.smoke_run).
+@pytest.mark.timeout(600)
+def test_cola_default_task_run_as_a_learner_runs_it(smoke_run, ray_cluster):
+    results, wall = smoke_run(NAME)  # the run test_jupyterlab.py checks in the page: one GLUE run for both
     params = results["parameters"]
     # As the notebook counts them: every worker takes BATCH_SIZE_PER_WORKER rows per step (16 steps).
     steps_per_epoch = FIXTURE_TRAIN_ROWS // (params["BATCH_SIZE_PER_WORKER"] * params["NUM_WORKERS"])

@@ -102,6 +102,7 @@ def test_the_lesson_starts_on_the_first_screens(path):
     assert "What changed:" not in text, "the notes on what changed are in their one section"
     for stale in ("Seen here", "measured here", "the tests", "smoke runs here"):
         assert stale not in text, stale
+    assert not re.search(r"\$\d", text), "amounts in USD: two dollar signs in a paragraph typeset as math"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -122,5 +123,6 @@ def test_the_header_states_the_full_scale_cost(name):
     nb = nbformat.read(Path(NOTEBOOKS[0]).parent / f"{name}.ipynb", as_version=4)
     seconds, instances = HEADER_COSTS[name]
     cost = helpers.run_cost(seconds, instances)
-    shown = f"${cost:,.0f}" if cost >= 100 else f"${cost:.2f}"
+    # "USD", not "$": JupyterLab and MyST read two dollar signs in one paragraph as a formula
+    shown = f"USD {cost:,.0f}" if cost >= 100 else f"USD {cost:.2f}"
     assert shown in nb.cells[0].source, (shown, nb.cells[0].source)
