@@ -115,8 +115,6 @@ def quiet_deepspeed_on_cpu() -> None:
     imports it (transformers' checkpoint code and the "will it fit?" plan do). Local Ray workers inherit the
     variable, which names what DeepSpeed would choose on this machine anyway; a GPU machine is left alone.
     """
-    import sys
-
     if "deepspeed" in sys.modules or "DS_ACCELERATOR" in os.environ:
         return
     import torch
@@ -159,7 +157,8 @@ def _route_worker_logs(path, show: bool) -> None:
         for line in data.get("lines", []):
             if magic in line:  # a progress bar's state, not a line
                 continue
-            log.write(prefix + line + "\n")
+            with contextlib.suppress(ValueError):  # closed: a later start_ray opened another file
+                log.write(prefix + line + "\n")
             memory = data.get("pid") == "raylet" and "low on memory" in line  # Ray's memory monitor
             if memory or (show and not any(p.search(line) for p in LOG_NOISE)):
                 shown.append(line)
