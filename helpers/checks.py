@@ -273,5 +273,8 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     where = f"; every node ({nodes}) can write to the bucket" if nodes else ""
     if notebook == "llama_fsdp":
         seconds = prefetch_model_on_nodes("MODEL_NAME", p["MODEL_NAME"], p["USE_GPU"])
-        where += f"; the weights are on {len(seconds)} node(s), slowest {max(seconds.values()):.0f} s"
+        if seconds:
+            where += f"; the weights are on {len(seconds)} node(s), slowest {max(seconds.values()):.0f} s"
+        else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
+            where += "; no node to fetch the weights on yet: rank 0 will download them itself"
     print(f"Cluster OK: room for {p['NUM_WORKERS']} workers{where}")

@@ -123,6 +123,11 @@ def quiet_deepspeed_on_cpu() -> None:
         os.environ["DS_ACCELERATOR"] = "cpu"
 
 
+# Collective-communication settings a cluster user tunes in the notebook (NCCL, and libfabric for AWS EFA):
+# forwarded to every worker with the job, as the Hugging Face settings are.
+COMMUNICATION_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_")
+
+
 class ResourceRequestError(RuntimeError):
     """Raised before `fit()` when the cluster can never run the requested workers."""
 
@@ -199,13 +204,16 @@ def worker_log_path() -> str | None:
 def job_runtime_env(attach: bool) -> dict:
     """The Ray runtime environment of a notebook's job: what every worker, on every node, gets.
 
-    - `env_vars`: `WORKER_ENV` and the driver's Hugging Face settings (`HUB_ENV_VARS`).
+    - `env_vars`: `WORKER_ENV`, the driver's Hugging Face settings (`HUB_ENV_VARS`), and its collective
+      communication settings (`NCCL_*`, `TORCH_NCCL_*`, and libfabric's `FI_*` for EFA instances): set in the
+      notebook, they would otherwise reach no worker on another node.
     - `py_modules` (when attaching to a cluster): this `helpers` package, uploaded with the job, so
       that training functions can import it on nodes where the project is not installed.
     """
     import helpers
 
     env_vars = {**WORKER_ENV, **{v: os.environ[v] for v in HUB_ENV_VARS if v in os.environ}}
+    env_vars.update({k: v for k, v in os.environ.items() if k.startswith(COMMUNICATION_ENV_PREFIXES)})
     runtime_env: dict = {"env_vars": env_vars}
     if attach:
         runtime_env["py_modules"] = [helpers]

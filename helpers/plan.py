@@ -169,6 +169,7 @@ class Row:
     need: int  # bytes
     have: int | None  # bytes; None: nothing to compare with
     fix: str = ""  # the parameters to change where it does not fit
+    terms: str = ""  # what the figure is made of, for a person checking it
 
     @property
     def share(self) -> float | None:
@@ -197,8 +198,11 @@ class Plan:
                 "has (GB)": [None if r.have is None else round(r.have / 1e9, 1) for r in self.rows],
                 "share": [None if r.share is None else f"{r.share:.0%}" for r in self.rows],
                 "status": [r.status for r in self.rows],
+                "main terms": [r.terms for r in self.rows],
             },
-            index=pd.Index([r.what for r in self.rows], name=self.title),
+            index=pd.Index(
+                [r.what for r in self.rows], name=f"{self.title}: {self.details['params']:,} parameters"
+            ),
         )
 
     def as_dict(self) -> dict:
@@ -382,12 +386,45 @@ def plan_training(
     )
     if not on_gpu:  # the workers' devices are this machine's RAM too
         host += device * n
+    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731 - one line per term below
+    if sharding == "fsdp" and offload == "none":
+        model_terms = (
+            f"16 B x params / {n} workers (fp32 weights, gradients, AdamW moments) {gb(shards)} + the larger of "
+            f"gathered layers and activations {gb(working + activations_and_logits)}, optimizer step {gb(step)}"
+        )
+    elif sharding == "fsdp":
+        model_terms = f"gathered layers {gb(working)} + activations and logits {gb(activations_and_logits)}"
+    else:
+        model_terms = (
+            f"ZeRO-{stage} model states {gb(device - activations_and_logits - (CUDA_OVERHEAD if on_gpu else 0))} "
+            f"(DeepSpeed's estimator) + activations and logits {gb(activations_and_logits)}"
+        )
+    model_terms += f" + CUDA context {gb(CUDA_OVERHEAD)}" if on_gpu else ""
+    loaders = f"{per_node} ranks" if loading == "every rank" else "rank 0"
+    load_terms = f"{loaders} x (fp32 model + the stored checkpoint's pages) = {4 + stored} B x params each"
+    ckpt_terms = (
+        f"12 B x params / {n} x {per_node} ranks, copied to host" if host_ckpt else "streamed: nothing staged"
+    )
+    disk_terms = (
+        ("staged checkpoint 12 B x params + " if checkpoint == "staged" else "")
+        + (f"export {export_bytes} B x params + " if export_bytes else "")
+        + f"Hub download {stored} B x params"
+    )
     where_gpu = "per GPU" if on_gpu else "per CPU worker"
     name = f"{node.gpu} GPU" if on_gpu else "CPU worker's share of RAM"
     rows = [
-        Row(f"training ({name})", where_gpu, device, device_have or None, fixes.get("gpu", "")),
-        Row("host RAM while loading", "per node", host + loads, node.memory, fixes.get("host", "")),
-        Row("host RAM at a checkpoint", "per node", host + host_ckpt, node.memory, fixes.get("host", "")),
+        Row(f"training ({name})", where_gpu, device, device_have or None, fixes.get("gpu", ""), model_terms),
+        Row(
+            "host RAM while loading", "per node", host + loads, node.memory, fixes.get("host", ""), load_terms
+        ),
+        Row(
+            "host RAM at a checkpoint",
+            "per node",
+            host + host_ckpt,
+            node.memory,
+            fixes.get("host", ""),
+            ckpt_terms,
+        ),
     ]
     if export_bytes:
         rows.append(
@@ -397,11 +434,20 @@ def plan_training(
                 host + consolidate,
                 node.memory,
                 fixes.get("host", ""),
+                "rank 0 gathers the fp32 model, 4 B x params, converting a tensor at a time",
             )
         )
     rows += [
-        Row("local disk for checkpoints", "per node", local_disk, node.disk, fixes.get("disk", "")),
-        Row(f"checkpoints in storage (x{num_to_keep} kept)", "storage", checkpoint_bytes * num_to_keep, None),
+        Row(
+            "local disk for checkpoints", "per node", local_disk, node.disk, fixes.get("disk", ""), disk_terms
+        ),
+        Row(
+            f"checkpoints in storage (x{num_to_keep} kept)",
+            "storage",
+            checkpoint_bytes * num_to_keep,
+            None,
+            terms=f"fp32 weights and AdamW moments 12 B x params{f' + export {export_bytes} B' if export_bytes else ''}",
+        ),
     ]
     return Plan(title, rows, details)
 

@@ -195,3 +195,32 @@ def test_checkpoint_folder_is_private_to_each_reader(tmp_path):
         for folder in (first, second):
             assert (Path(folder) / "trainer_state.json").read_text() == '{"step": 32}'
     assert not Path(first).exists() and not Path(second).exists()  # deleted after the block
+
+
+def test_check_cluster_with_no_gpu_node_up_yet(monkeypatch, capsys):
+    # An autoscaling cluster before its first GPU node: check_resources only warns, and there is no node to
+    # prefetch the Llama weights on; the set-up cell says so instead of failing on max() of nothing.
+    import helpers.checks
+    import helpers.cluster
+    import helpers.storage
+
+    monkeypatch.setattr(helpers.cluster, "check_resources", lambda *a, **k: None)
+    monkeypatch.setattr(helpers.cluster, "prefetch_model_on_nodes", lambda *a, **k: {})
+    monkeypatch.setattr(helpers.storage, "check_storage_from_nodes", lambda *a, **k: 0)
+    params = {"NUM_WORKERS": 16, "USE_GPU": True, "STORAGE_PATH": "/tmp/x", "MODEL_NAME": "m"}
+    helpers.checks.check_cluster("llama_fsdp", params)
+    assert "no node to fetch the weights on yet" in capsys.readouterr().out
+
+
+def test_nccl_and_efa_settings_reach_the_workers(monkeypatch):
+    # Set in the notebook, NCCL_* / FI_* would reach no worker on another node: the job carries them (issue 21,
+    # item 9), next to the Hugging Face settings; other variables stay behind.
+    import helpers.cluster
+
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ens5")
+    monkeypatch.setenv("FI_EFA_USE_DEVICE_RDMA", "1")
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    monkeypatch.setenv("SOME_OTHER_SETTING", "x")
+    env_vars = helpers.cluster.job_runtime_env(attach=False)["env_vars"]
+    assert env_vars["NCCL_SOCKET_IFNAME"] == "ens5" and env_vars["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env_vars["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "SOME_OTHER_SETTING" not in env_vars

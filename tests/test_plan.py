@@ -194,3 +194,26 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     assert per_gpu == sorted(per_gpu, reverse=True) and per_gpu[0] > per_gpu[3], (
         per_gpu
     )  # each stage saves more
+
+
+def test_the_plan_table_shows_the_parameter_count_and_each_rows_terms():
+    # A person checking a plan needs the model's size and what each figure is made of (issue 21, item 5).
+    import helpers.checks
+
+    p = dict(
+        MODEL_NAME="meta-llama/Llama-2-70b-chat-hf",
+        NUM_WORKERS=16,
+        USE_GPU=True,
+        CLUSTER={"p4de.24xlarge": 2},
+        BATCH_SIZE_PER_WORKER=1,
+        MAX_SEQ_LEN=2048,
+        USE_GRADIENT_CHECKPOINTING=True,
+    )
+    table = helpers.checks.plan_for("llama_fsdp", p).table()
+    assert table.index.name == "Llama-2-70b-chat-hf on 16 workers: 68,976,648,192 parameters"
+    terms = table["main terms"]
+    assert terms.iloc[0].startswith(
+        "16 B x params / 16 workers (fp32 weights, gradients, AdamW moments) 69.0 GB"
+    )
+    assert terms.loc["host RAM at a checkpoint"] == "streamed: nothing staged"
+    assert all(terms), terms
