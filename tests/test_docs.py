@@ -384,15 +384,20 @@ def _fixture_notebook() -> nbformat.NotebookNode:
     return nb
 
 
-def test_notebook_markdown_and_cell_tags_render(browser, tmp_path):
+def _fixture_site(tmp_path):
+    """A site source with one page, the fixture notebook, and the label each notebook page's note links to."""
     src = tmp_path / "src"
     (src / "notebooks").mkdir(parents=True)
-    # the label each notebook page's note links to
     (src / "index.md").write_text(
         "# Fixture\n\n(run-the-notebooks)=\n## Run\n\n```{toctree}\nnotebooks/page\n```\n"
     )
     nbformat.write(_fixture_notebook(), src / "notebooks" / "page.ipynb")
     (src / "notebooks" / "pixel.png").write_bytes(PIXEL)
+    return src
+
+
+def test_notebook_markdown_and_cell_tags_render(browser, tmp_path):
+    src = _fixture_site(tmp_path)
     (src / "_expected").mkdir()
     (src / "_expected" / "page.md").write_text("- **A fixture result.** What the page's smoke run prints.\n")
     proc = sphinx_build(src, tmp_path / "html")
@@ -450,13 +455,7 @@ def test_warnings_fail_the_build(tmp_path, case):
 
 
 def test_a_notebook_page_without_what_you_should_see_fails_the_build(tmp_path):
-    src = tmp_path / "src"
-    (src / "notebooks").mkdir(parents=True)
-    (src / "index.md").write_text(
-        "# Fixture\n\n(run-the-notebooks)=\n## Run\n\n```{toctree}\nnotebooks/page\n```\n"
-    )
-    nbformat.write(_fixture_notebook(), src / "notebooks" / "page.ipynb")
-    (src / "notebooks" / "pixel.png").write_bytes(PIXEL)
+    src = _fixture_site(tmp_path)
     proc = sphinx_build(src, tmp_path / "html")
     assert proc.returncode != 0
     assert re.search(r'page\.ipynb.*no "What you should see" box: write _expected/page\.md', proc.stderr), (

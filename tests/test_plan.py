@@ -154,6 +154,18 @@ def test_one_task_asks_for_no_more_gpus_than_the_largest_node(monkeypatch):
         hc.gpus_for_one_task("The chat task", 8)
 
 
+# The Llama notebook's parameters at full scale, as the plan reads them.
+LLAMA_FULL_SCALE = dict(
+    MODEL_NAME="meta-llama/Llama-2-70b-chat-hf",
+    NUM_WORKERS=16,
+    USE_GPU=True,
+    CLUSTER={"p4de.24xlarge": 2},
+    BATCH_SIZE_PER_WORKER=1,
+    MAX_SEQ_LEN=2048,
+    USE_GRADIENT_CHECKPOINTING=True,
+)
+
+
 def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     # The sharding sections' tables: the full-scale run (the parameters cell's defaults, even after smoke
     # mode replaced them) for 1 worker against 16; a variant that does not fit says so in words.
@@ -161,15 +173,7 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     import helpers.smoke
 
     monkeypatch.setattr(helpers.smoke, "_replaced_defaults", {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"})
-    smoke = dict(
-        MODEL_NAME="/tmp/tiny-llama",
-        NUM_WORKERS=16,
-        USE_GPU=True,
-        CLUSTER={"p4de.24xlarge": 2},
-        BATCH_SIZE_PER_WORKER=1,
-        MAX_SEQ_LEN=2048,
-        USE_GRADIENT_CHECKPOINTING=True,
-    )
+    smoke = {**LLAMA_FULL_SCALE, "MODEL_NAME": "/tmp/tiny-llama"}
     full = helpers.checks.full_scale(smoke)
     assert full["MODEL_NAME"] == "meta-llama/Llama-2-70b-chat-hf" and smoke["MODEL_NAME"] == "/tmp/tiny-llama"
     table = helpers.checks.compare_plans(
@@ -191,25 +195,15 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
         {f"ZeRO-{s}": {"ZERO_STAGE": s} for s in (0, 1, 2, 3)},
     )
     per_gpu = [float(cell.split()[0]) for cell in zero.iloc[0]]
-    assert per_gpu == sorted(per_gpu, reverse=True) and per_gpu[0] > per_gpu[3], (
-        per_gpu
-    )  # each stage saves more
+    # each stage saves more
+    assert per_gpu == sorted(per_gpu, reverse=True) and per_gpu[0] > per_gpu[3], per_gpu
 
 
 def test_the_plan_table_shows_the_parameter_count_and_each_rows_terms():
     # A person checking a plan needs the model's size and what each figure is made of (issue 21, item 5).
     import helpers.checks
 
-    p = dict(
-        MODEL_NAME="meta-llama/Llama-2-70b-chat-hf",
-        NUM_WORKERS=16,
-        USE_GPU=True,
-        CLUSTER={"p4de.24xlarge": 2},
-        BATCH_SIZE_PER_WORKER=1,
-        MAX_SEQ_LEN=2048,
-        USE_GRADIENT_CHECKPOINTING=True,
-    )
-    table = helpers.checks.plan_for("llama_fsdp", p).table()
+    table = helpers.checks.plan_for("llama_fsdp", LLAMA_FULL_SCALE).table()
     assert table.index.name == "Llama-2-70b-chat-hf on 16 workers: 68,976,648,192 parameters"
     terms = table["main terms"]
     assert terms.iloc[0].startswith(
