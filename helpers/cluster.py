@@ -28,6 +28,7 @@ __all__ = [
     "gpus_for_one_task",
     "on_every_node",
     "prefetch_model_on_nodes",
+    "fetch_model",
     "LOG_NOISE",
     "worker_log_path",
     "RAY_ENV",
@@ -357,6 +358,8 @@ def on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = _alive_nodes(use_gpu)
+    if not nodes:  # an autoscaling cluster before its first node of that kind
+        return {}
     refs = [
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
             *args
@@ -365,6 +368,26 @@ def on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
     ]
     labels = [n["NodeManagerAddress"] + " " + n["NodeID"][:8] for n in nodes]
     return dict(zip(labels, ray.get(refs), strict=True))
+
+
+def fetch_model(model_name: str) -> float:
+    """Put `model_name`'s weights, config and tokenizer in this node's Hugging Face cache; return seconds.
+
+    A local folder is only checked (it must hold a `config.json`). Used on every node by
+    `prefetch_model_on_nodes`, and by the Llama notebook's rank 0 at the start of `train_func`, before
+    the first collective, for nodes that joined after the Set up cell (an autoscaling cluster).
+    """
+    import os
+    import time
+
+    start = time.perf_counter()
+    if not os.path.isdir(model_name):
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(model_name, allow_patterns=["*.json", "*.safetensors", "*.model", "tokenizer*"])
+    elif not os.path.exists(os.path.join(model_name, "config.json")):
+        raise FileNotFoundError(f"no config.json in the folder {model_name}")
+    return time.perf_counter() - start
 
 
 def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[str, float]:
@@ -383,20 +406,10 @@ def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[s
 
     @ray.remote(num_cpus=0)
     def fetch(model: str) -> tuple[float, str | None]:
-        import os
-        import time
-
-        start = time.perf_counter()
         try:
-            if not os.path.isdir(model):
-                from huggingface_hub import snapshot_download
-
-                snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.model", "tokenizer*"])
-            elif not os.path.exists(os.path.join(model, "config.json")):
-                return 0.0, f"no config.json in the folder {model}"
+            return fetch_model(model), None
         except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
             return 0.0, f"{type(exc).__name__}: {exc}"
-        return time.perf_counter() - start, None
 
     answers = on_every_node(fetch, model_name, use_gpu=use_gpu)
     failed = {node: error for node, (_, error) in answers.items() if error}

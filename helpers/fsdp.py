@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-__all__ = ["LIGHTNING_PRECISIONS", "fsdp_strategy_class", "param_shard_fraction"]
+__all__ = ["LIGHTNING_PRECISIONS", "fsdp_strategy_class", "gradient_bytes", "param_shard_fraction"]
 
 
 def fsdp_strategy_class():
@@ -92,6 +92,34 @@ def param_shard_fraction(wrapped_model, total_numel: int) -> float:
     """
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in wrapped_model.parameters())
     return local / total_numel
+
+
+def gradient_bytes(model) -> int:
+    """Bytes of gradients this rank holds now: its gradient shards, plus any whole (unsharded) gradient
+    FSDP2 keeps for a layer whose reduce-scatter was skipped.
+
+    Used by the Llama notebook's `train_step` after each micro-step. With gradient sync off
+    (`set_requires_gradient_sync(False)`, "no_sync") FSDP2 keeps each layer's full gradient, in
+    `reduce_dtype`, until a micro-step with sync on reduce-scatters it: 4 bytes x every parameter at once
+    for fp32, not `1 / world_size` of it. Those live in FSDP2's own state, not in `param.grad`
+    (`torch/distributed/fsdp/_fully_shard/_fsdp_param.py`, `to_accumulated_grad_if_needed`).
+    """
+
+    def size(t) -> int:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    total = sum(size(p.grad) for p in model.parameters() if p.grad is not None)
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        for group in getattr(state, "_fsdp_param_groups", []):
+            for fsdp_param in group.fsdp_params:
+                if fsdp_param.unsharded_accumulated_grad is not None:
+                    total += size(fsdp_param.unsharded_accumulated_grad)
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                if unsharded is not None and unsharded.grad is not None:
+                    total += size(unsharded.grad)
+    return total
 
 
 # The `precision=` strings Lightning accepts (`lightning.fabric.connector._PRECISION_INPUT_STR`), listed

@@ -343,6 +343,7 @@ def plan_training(
         offloaded = offload != "none"
         details["param_bytes_per_rank"] = 4 * p // n
         details["optimizer_bytes_per_rank"] = 8 * p // n
+        details["grad_bytes_per_rank"] = 4 * p // n  # fp32, reduce-scattered every micro-step
         shards = 16 * p // n  # fp32 weights, gradients and AdamW moments: this rank's share
         # Forward/backward: two layers gathered, the root unit, one layer's gradients in fp32.
         working = (2 * size.largest_layer + size.root) * gather_bytes + 4 * size.largest_layer
@@ -374,7 +375,12 @@ def plan_training(
     stored = {"float32": 4, "float64": 8}.get(str(config.dtype).removeprefix("torch."), 2)
     loads = (4 + stored) * p * (per_node if loading == "every rank" else 1)
     checkpoint_bytes = 12 * p + export_bytes * p  # weights and moments in fp32 (+ the export)
-    host_ckpt = 12 * p // n * per_node if checkpoint == "staged" else 0  # shards copied to CPU
+    # Staged: every shard is copied to host RAM. Streamed: a rank holds one file's tensors until the file
+    # is closed, and pyarrow queues that file's upload parts: at most twice the file size per rank.
+    from .storage import STREAM_FILE_BYTES
+
+    streamed = 2 * min(STREAM_FILE_BYTES, 12 * p // n) * per_node
+    host_ckpt = 12 * p // n * per_node if checkpoint == "staged" else streamed
     consolidate = (4 * p + 4 * size.largest_tensor) if export_bytes else 0  # rank 0: full fp32, in place
     # Staged: each rank's shard is written locally before Ray uploads it, and on a restart every node
     # downloads the whole checkpoint (`as_directory`), the larger of the two.
@@ -403,7 +409,9 @@ def plan_training(
     loaders = f"{per_node} ranks" if loading == "every rank" else "rank 0"
     load_terms = f"{loaders} x (fp32 model + the stored checkpoint's pages) = {4 + stored} B x params each"
     ckpt_terms = (
-        f"12 B x params / {n} x {per_node} ranks, copied to host" if host_ckpt else "streamed: nothing staged"
+        f"12 B x params / {n} x {per_node} ranks, copied to host"
+        if checkpoint == "staged"
+        else f"streamed in files of {STREAM_FILE_BYTES / GiB:.0f} GiB: 2 files' worth x {per_node} ranks"
     )
     disk_terms = (
         ("staged checkpoint 12 B x params + " if checkpoint == "staged" else "")

@@ -188,16 +188,45 @@ def _torch_fsspec_filesystem(filesystem):
     return PyArrowFileSystem()
 
 
-def dcp_writer(filesystem, path: str):
+# The most bytes of tensors in one file of a streamed checkpoint. torch's writer keeps every tensor of a
+# file on the host until the file is closed (`_write_files_from_queue` in
+# torch/distributed/checkpoint/filesystem.py), and pyarrow's S3 stream buffers the parts it has not
+# uploaded yet: several files per rank bound both by this, instead of the rank's whole shard.
+STREAM_FILE_BYTES = 1 << 30
+
+
+def dcp_writer(filesystem, path: str, file_bytes: int = STREAM_FILE_BYTES):
     """A `torch.distributed.checkpoint` writer that writes straight to `path` on a pyarrow `filesystem`.
 
     Used by the Llama notebook's checkpoints ("5. Sharded checkpoints"): each rank streams its shard to
-    the bucket (or NFS folder), with no local copy to stage and upload. Pass it as `storage_writer=`,
-    without `checkpoint_id` (which would reset it to a local path).
+    the bucket (or NFS folder), with no local copy to stage and upload, in files of at most `file_bytes`
+    of tensors (`__<rank>_0.distcp`, `__<rank>_1.distcp`, ...; a single tensor larger than that gets a
+    file of its own), so that a rank holds at most one file's tensors in host RAM. Pass it as
+    `storage_writer=`, without `checkpoint_id` (which would reset it to a local path).
     """
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    import queue
 
-    writer = FsspecWriter(path, sync_files=False)  # fsync means nothing for an object store
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _item_size
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    class BoundedFileWriter(FsspecWriter):
+        def write_data(self, plan, planner):
+            files, size = [[]], 0
+            for item in plan.items:
+                n = 0 if item.type == WriteItemType.BYTE_IO else _item_size(item)
+                if files[-1] and size + n > file_bytes:
+                    files.append([])
+                    size = 0
+                files[-1].append(item)
+                size += n
+            file_queue: queue.Queue = queue.Queue()
+            for i, items in enumerate(files):
+                name = f"{plan.storage_data.prefix}{i}{DEFAULT_SUFFIX}"
+                file_queue.put((self.fs.concat_path(self.path, name), name, items))
+            return self._write_data(planner, file_queue)
+
+    writer = BoundedFileWriter(path, sync_files=False)  # fsync means nothing for an object store
     writer.fs = _torch_fsspec_filesystem(filesystem)
     writer.path = path
     return writer
@@ -207,11 +236,22 @@ def dcp_reader(filesystem, path: str):
     """A `torch.distributed.checkpoint` reader for a checkpoint at `path` on a pyarrow `filesystem`.
 
     Each rank reads only the byte ranges it needs (its shard; or only the model's weights and not the
-    optimizer state): the Llama notebook resumes with it, and Dolly's generation task reads the weights.
+    optimizer state), each with one ranged read of exactly its bytes: torch's own reader reads items in
+    no particular order through one buffered stream, and each short read after a long seek would refill
+    the whole buffer. `reader.bytes_read` counts what it fetched. The Llama notebook resumes with it,
+    and Dolly's generation task reads the weights.
     """
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-    reader = FsspecReader(path)
+    class RangeReader(FsspecReader):
+        bytes_read = 0
+
+        def _slice_file(self, file, sinfo):
+            # `file` is the buffered stream of `create_stream`; its raw pyarrow file reads at an offset.
+            self.bytes_read += sinfo.length
+            return io.BytesIO(file.raw.read_at(sinfo.length, sinfo.offset))
+
+    reader = RangeReader(path)
     reader.fs = _torch_fsspec_filesystem(filesystem)
     reader.path = path
     return reader

@@ -672,6 +672,8 @@ def check_plan_matches_shards(results: dict, tolerance: float) -> None:
     for held in results["state_bytes"]:
         assert held["param_bytes"] == pytest.approx(plan["param_bytes_per_rank"], rel=tolerance)
         assert held["optimizer_bytes"] == pytest.approx(plan["optimizer_bytes_per_rank"], rel=tolerance)
+        if "grad_bytes" in held:  # the most gradient memory during a step, accumulation included
+            assert held["grad_bytes"] == pytest.approx(plan["grad_bytes_per_rank"], rel=tolerance)
 
 
 def check_cluster_run(

@@ -173,6 +173,22 @@ def test_autoscaling_cluster_only_warns(monkeypatch):
         helpers.check_resources(16, use_gpu=True)
 
 
+def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsys, tmp_path):
+    """No GPU node to fetch the weights on before `fit()`: the check says rank 0 will download them (in
+    `train_func`, before the first collective) instead of failing on an empty cluster."""
+    _fake_cluster(monkeypatch, [{"CPU": 4.0}])  # the head node only
+    monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
+    namespace = {
+        "NUM_WORKERS": 16,
+        "USE_GPU": True,
+        "STORAGE_PATH": str(tmp_path),
+        "MODEL_NAME": "meta-llama/x",
+    }
+    with pytest.warns(UserWarning, match="autoscaler"):
+        helpers.check_cluster("llama_fsdp", namespace)
+    assert "rank 0 will download them itself" in capsys.readouterr().out
+
+
 def test_log_noise_patterns_drop_noise_and_keep_progress():
     noise = [
         "Failed to query Ray Train Controller actor state. State API may be temporarily unavailable.",

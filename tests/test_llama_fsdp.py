@@ -153,16 +153,25 @@ def test_speed_generation_and_attention(smoke_run):
 
 
 @pytest.mark.notebook
-def test_restart_skips_the_pretrained_load(smoke_run):
+def test_restart_skips_the_pretrained_load_and_reads_only_its_shard(smoke_run):
     results, _ = smoke_run
     # Two attempts, one read of the pretrained weights: the resumed attempt took them from the checkpoint.
     assert len(results["attempts"]) == 2 and results["pretrained_loads"] == 1
+    # Each rank read its own half of the sharded checkpoint to resume (one ranged read per tensor shard),
+    # not the whole of it: the two halves are the checkpoint, less DCP's metadata and the rank-0-only
+    # bytes entries (measured: 314.7 MB and 314.7 MB of 629.4 MB).
+    kill = results["kill"]
+    per_rank, whole = kill["resume_bytes_per_rank"], kill["checkpoint_bytes"]
+    assert len(per_rank) == 2
+    assert all(b == pytest.approx(whole / 2, rel=0.02) for b in per_rank), (per_rank, whole)
 
 
 @pytest.mark.notebook
 def test_plan_matches_what_the_shards_hold(smoke_run):
     results, _ = smoke_run
-    # Measured after the first step of each rank: fp32 shards and AdamW moments, half the model each.
+    # Measured after the first step of each rank: fp32 shards and AdamW moments, half the model each;
+    # and the gradients, half of them in fp32 through both micro-steps of gradient accumulation.
+    assert results["parameters"]["GRADIENT_ACCUMULATION_STEPS"] == 2
     check_plan_matches_shards(results, PLAN_TOLERANCE)
     # Rank 0's RSS growth while it loaded the pretrained model: the plan's fp32 model (4 bytes/param)
     # plus the memory-mapped bf16 checkpoint (2 bytes/param).
