@@ -130,6 +130,7 @@ def _plan_dolly(p: dict) -> dict:
         activation_checkpointing=True,  # the strategy's activation_checkpointing_policy
         sharding="fsdp",
         gather_bytes=4 if p["PRECISION"] in ("32-true", "64-true") else 2,  # mixed precision gathers 16-bit
+        reduce_bytes=4 if p["PRECISION"] in ("32-true", "64-true") else 2,  # Lightning reduces in that dtype
         offload="optimizer+params" if p["CPU_OFFLOAD"] else "none",  # FSDP1 offloads weights, grads, the step
         loading="every rank",  # every worker's DollyV2Model loads the fp32 model before FSDP shards it
         checkpoint="staged",  # each rank writes its shard locally, then Ray uploads it
@@ -153,6 +154,8 @@ def _plan_llama(p: dict) -> dict:
         num_to_keep=2,
         vocab_size=None,  # the 4 chat tokens add 4 rows: nothing the plan can see
         foreach_optimizer=False,  # the training function's AdamW(foreach=False)
+        separate_embeddings=True,  # shard_model wraps the embeddings and the head as FSDP units of their own
+        reduce_bytes=2,  # MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
         fixes={
             "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN, "
             "or set USE_GRADIENT_CHECKPOINTING=True.",

@@ -93,7 +93,13 @@ LOCAL_RAY_ENV = {
 }
 
 # Set on every Ray worker: 16 workers' progress bars for the same small load are noise.
-WORKER_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+WORKER_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+    # GPU workers: the caching allocator grows segments instead of leaving holes between fixed ones, the
+    # 2 % fragmentation the "will it fit?" plans count. The driver's own setting, if any, wins.
+    "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+}
 
 # Ray does not pass the driver's environment to workers on other nodes. These Hugging Face settings,
 # where the driver has them, go to every worker with the job: the token for gated models
@@ -205,7 +211,7 @@ def worker_log_path() -> str | None:
 def job_runtime_env(attach: bool) -> dict:
     """The Ray runtime environment of a notebook's job: what every worker, on every node, gets.
 
-    - `env_vars`: `WORKER_ENV`, the driver's Hugging Face settings (`HUB_ENV_VARS`), and its collective
+    - `env_vars`: `WORKER_ENV` (quiet progress bars, the GPU allocator's setting), the driver's Hugging Face settings (`HUB_ENV_VARS`), and its collective
       communication settings (`NCCL_*`, `TORCH_NCCL_*`, and libfabric's `FI_*` for EFA instances): set in the
       notebook, they would otherwise reach no worker on another node.
     - `py_modules` (when attaching to a cluster): this `helpers` package, uploaded with the job, so

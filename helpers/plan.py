@@ -18,8 +18,13 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
   (`estimate_zero2/3_model_states_mem_needs`), which also count ZeRO's 16-bit copy of the weights.
   `tests/test_plan.py` checks the FSDP figure against DeepSpeed's ZeRO-3 estimate.
 - While a layer runs FSDP holds its full weights: the largest layer, twice (the next one is prefetched),
-  in the dtype FSDP gathers in, plus its full gradients in fp32 in the backward pass; the root unit
-  (embeddings, head) stays gathered for the whole step.
+  in the dtype FSDP gathers in. In the backward pass it also holds the layer's full gradients in that
+  dtype and their copy in `reduce_dtype` for the reduce-scatter: 2 + 4 = 6 bytes per parameter of the
+  layer with bf16 compute and an fp32 reduction, 2 + 2 with a bf16 one (the Llama notebook's, and the
+  `accelerate` default the Hugging Face post ran). The root unit (embeddings, final norm, head) stays
+  gathered for the whole step, and its gradients stay whole until the end of the backward pass; where the
+  embeddings and the head are FSDP units of their own (`separate_embeddings`), only one of them is
+  gathered at a time and its gradients are reduce-scattered at once.
 - Activations per layer: b s h (34 + 5 a s / h) bytes in 16-bit (Korthikanti et al. 2022, "Reducing
   activation recomputation in large transformer models"); without the attention-scores term for
   sdpa/FlashAttention, which never store them. With activation checkpointing only each layer's
@@ -28,10 +33,15 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
 - The optimizer step runs after the backward pass has freed the activations: torch's default
   ("foreach") AdamW allocates a temporary the size of the weights it updates (4 P / N), the for-loop
   one (`foreach=False`) only one tensor's worth. The per-GPU peak is the larger of the two phases.
-- A CUDA context and communication buffers: 1 GiB per GPU.
+- DeepSpeed ZeRO-1/2 also allocates its gradient reduction buckets: `reduce_bucket_size` (5e8) elements
+  in the 16-bit dtype, twice with `overlap_comm` (`stage_1_and_2.py`, `setup_buckets`): 2 GB.
+- A CUDA context (1 GiB), NCCL's buffers (0.5 GiB), and 2 % of the rest for the caching allocator's
+  fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.start_ray`
+  sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
+  79.2 GiB on an "80 GB" A100 or H100.
 
 A row fails when the need exceeds what the node has and warns above 85 %: these are estimates (about
-10 % either way), and the caching allocator needs room for fragmentation.
+10 % either way).
 """
 
 from __future__ import annotations
@@ -69,7 +79,10 @@ SHIPPED = {
     "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b.json",
 }
 FAIL_ABOVE, WARN_ABOVE = 1.0, 0.85
-CUDA_OVERHEAD = 1 * GiB
+CUDA_OVERHEAD = 1 * GiB  # the CUDA context
+NCCL_BUFFERS = GiB // 2
+ALLOCATOR_RESERVE = 0.02  # fragmentation, with expandable segments
+ZERO_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size, elements
 
 
 @dataclass(frozen=True)
@@ -82,15 +95,17 @@ class NodeType:
     bf16: bool = True  # the GPU computes in bf16
 
 
-# AWS instance types (public spec sheets; GPU memory as nvidia-smi reports it).
+# AWS instance types (public spec sheets). GPU memory as torch reports it (`torch.cuda.
+# get_device_properties(0).total_memory`), a little under the product's figure: 14.6 GiB on a "16 GB" T4,
+# 22.0 on an A10G, 39.4 / 79.2 on the 40 / 80 GB A100, 79.2 on an H100-80GB (not measured here: no GPU).
 NODE_TYPES = {
-    "g4dn.4xlarge": NodeType(1, "T4", 15 * GiB, 64 * GiB, 225 * 10**9, bf16=False),
-    "g4dn.8xlarge": NodeType(1, "T4", 15 * GiB, 128 * GiB, 900 * 10**9, bf16=False),
-    "g4dn.12xlarge": NodeType(4, "T4", 15 * GiB, 192 * GiB, 900 * 10**9, bf16=False),
+    "g4dn.4xlarge": NodeType(1, "T4", int(14.6 * GiB), 64 * GiB, 225 * 10**9, bf16=False),
+    "g4dn.8xlarge": NodeType(1, "T4", int(14.6 * GiB), 128 * GiB, 900 * 10**9, bf16=False),
+    "g4dn.12xlarge": NodeType(4, "T4", int(14.6 * GiB), 192 * GiB, 900 * 10**9, bf16=False),
     "g5.12xlarge": NodeType(4, "A10G", 22 * GiB, 192 * GiB, 3800 * 10**9),
-    "p4d.24xlarge": NodeType(8, "A100-40GB", 40 * GiB, 1152 * GiB, 8000 * 10**9),
-    "p4de.24xlarge": NodeType(8, "A100-80GB", 80 * GiB, 1152 * GiB, 8000 * 10**9),
-    "p5.48xlarge": NodeType(8, "H100-80GB", 80 * GiB, 2048 * GiB, 30400 * 10**9),
+    "p4d.24xlarge": NodeType(8, "A100-40GB", int(39.4 * GiB), 1152 * GiB, 8000 * 10**9),
+    "p4de.24xlarge": NodeType(8, "A100-80GB", int(79.2 * GiB), 1152 * GiB, 8000 * 10**9),
+    "p5.48xlarge": NodeType(8, "H100-80GB", int(79.2 * GiB), 2048 * GiB, 30400 * 10**9),
 }
 
 
@@ -259,7 +274,7 @@ def _zero_model_states(size: ModelSize, stage: int, gpus_per_node: int, nodes: i
             cpu_offload=offload != "none",
             cpu_offload_params=offload == "optimizer+params",
             zero_init=True,
-            additional_buffer_factor=1.0,
+            additional_buffer_factor=1.5,  # DeepSpeed's default: host buffers for the offloaded step
         )
     else:  # stages 1 and 2 share an estimator; stage 1 also keeps full 16-bit gradients
         cpu, gpu = estimate_zero2_model_states_mem_needs(
@@ -267,7 +282,7 @@ def _zero_model_states(size: ModelSize, stage: int, gpus_per_node: int, nodes: i
             num_gpus_per_node=gpus_per_node,
             num_nodes=nodes,
             cpu_offload=offload != "none",
-            additional_buffer_factor=1.0,
+            additional_buffer_factor=1.5,  # DeepSpeed's default: host buffers for the offloaded step
         )
         if stage == 1:
             gpu += 2 * size.params * (1 - 1 / (gpus_per_node * nodes))
@@ -292,6 +307,8 @@ def plan_training(
     num_to_keep: int = 1,
     vocab_size: int | None = None,
     foreach_optimizer: bool = True,
+    separate_embeddings: bool = False,
+    reduce_bytes: int = 4,
     fixes: dict[str, str],
 ) -> Plan:
     """Plan a run. `cluster`: {node type: count} of `NODE_TYPES`, or None for this machine's CPU workers.
@@ -303,7 +320,9 @@ def plan_training(
     rank 0 (the others build on `meta`). checkpoint: "staged" (each rank writes a local folder that Ray
     uploads) or "streamed" (written straight to storage). export_bytes: bytes per element of a
     consolidated model rank 0 writes at the end (0: none). foreach_optimizer: AdamW's default
-    implementation (see the module doc). fixes: what to suggest, per row kind:
+    implementation (see the module doc). separate_embeddings: FSDP wraps the embeddings and the head
+    as units of their own (see the module doc). reduce_bytes: bytes per element
+    of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). fixes: what to suggest, per row kind:
     "gpu", "host", "disk".
     """
     config = model_config(model_name)
@@ -345,8 +364,12 @@ def plan_training(
         details["optimizer_bytes_per_rank"] = 8 * p // n
         details["grad_bytes_per_rank"] = 4 * p // n  # fp32, reduce-scattered every micro-step
         shards = 16 * p // n  # fp32 weights, gradients and AdamW moments: this rank's share
-        # Forward/backward: two layers gathered, the root unit, one layer's gradients in fp32.
-        working = (2 * size.largest_layer + size.root) * gather_bytes + 4 * size.largest_layer
+        # Forward/backward: two layers gathered, and the root unit; one layer's gradients, whole, in the
+        # gathered dtype and in fp32 for the reduce-scatter; the root's gradients, whole until the end.
+        root = size.largest_tensor if separate_embeddings else size.root
+        root_grads = 0 if separate_embeddings else size.root * gather_bytes
+        layer_grads = (gather_bytes + reduce_bytes) * size.largest_layer
+        working = (2 * size.largest_layer + root) * gather_bytes + layer_grads + root_grads
         # torch's default (foreach) AdamW step allocates a temporary the size of the weights it updates.
         step = 4 * p // n if foreach_optimizer else 4 * size.largest_tensor // n
         details["optimizer_step_temporary_bytes"] = step
@@ -362,12 +385,15 @@ def plan_training(
             device, cpu = 18 * p, 0
         else:
             device, cpu = _zero_model_states(size, stage, max(per_node, 1), nodes, offload)
+        if stage in (1, 2):  # the gradient reduction buckets, two with overlap_comm (the notebook's)
+            device += 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
         device += activations_and_logits
         host += cpu if offload != "none" else 0
         shard = p // n if stage == 3 else p
         details["param_bytes_per_rank"] = 2 * shard  # ZeRO's bf16/fp16 weights
         details["optimizer_bytes_per_rank"] = 12 * p // (n if stage else 1)  # fp32 master weights, 2 moments
-    device += CUDA_OVERHEAD if on_gpu else 0
+    if on_gpu:
+        device = int(device * (1 + ALLOCATOR_RESERVE)) + CUDA_OVERHEAD + NCCL_BUFFERS
     details.update(activation_bytes=activations, logits_bytes=logits, device_bytes=device)
 
     # Loading holds the fp32 model and, while converting, the checkpoint's pages in its stored dtype
@@ -393,6 +419,7 @@ def plan_training(
     if not on_gpu:  # the workers' devices are this machine's RAM too
         host += device * n
     gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731 - one line per term below
+    reserve = device - int((device - CUDA_OVERHEAD - NCCL_BUFFERS) / (1 + ALLOCATOR_RESERVE)) if on_gpu else 0
     if sharding == "fsdp" and offload == "none":
         model_terms = (
             f"16 B x params / {n} workers (fp32 weights, gradients, AdamW moments) {gb(shards)} + the larger of "
@@ -402,10 +429,10 @@ def plan_training(
         model_terms = f"gathered layers {gb(working)} + activations and logits {gb(activations_and_logits)}"
     else:
         model_terms = (
-            f"ZeRO-{stage} model states {gb(device - activations_and_logits - (CUDA_OVERHEAD if on_gpu else 0))} "
+            f"ZeRO-{stage} model states and buffers {gb(device - activations_and_logits - reserve)} "
             f"(DeepSpeed's estimator) + activations and logits {gb(activations_and_logits)}"
         )
-    model_terms += f" + CUDA context {gb(CUDA_OVERHEAD)}" if on_gpu else ""
+    model_terms += f" + CUDA context, NCCL and allocator {gb(reserve)}" if on_gpu else ""
     loaders = f"{per_node} ranks" if loading == "every rank" else "rank 0"
     load_terms = f"{loaders} x (fp32 model + the stored checkpoint's pages) = {4 + stored} B x params each"
     ckpt_terms = (

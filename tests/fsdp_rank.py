@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def gradient_bytes_rank(rank: int, port: int, results) -> None:
-    """One of 2 gloo ranks: a 4-layer model under `fully_shard` with the Llama notebook's bf16/fp32 policy.
+    """One of 2 gloo ranks: a 4-layer model under `fully_shard`, bf16 compute and an fp32 reduction.
 
     Puts (rank, gradient bytes after a backward with gradient sync off, after one with it on, parameter
     bytes in fp32) on `results`.

@@ -58,6 +58,7 @@ DOLLY = dict(
     activation_checkpointing=True,
     sharding="fsdp",
     gather_bytes=2,
+    reduce_bytes=2,  # Lightning's 16-mixed reduces in fp16
     offload="optimizer+params",
 )
 LLAMA = dict(
@@ -75,6 +76,8 @@ LLAMA = dict(
     export_bytes=2,
     num_to_keep=2,
     foreach_optimizer=False,
+    separate_embeddings=True,
+    reduce_bytes=2,
 )
 
 
@@ -93,9 +96,9 @@ def _row(plan, what):
 def test_full_scale_dolly_fits_and_without_offload_is_closer():
     offloaded, on_gpu = _dolly(), _dolly(offload="none")
     offloaded.check()
-    assert _row(offloaded, "training").share == pytest.approx(0.29, abs=0.02)
-    # Without offload the shards (16 x 6.86e9 / 16 = 6.9 GB) go on the T4: about 72 % by this estimate.
-    assert _row(on_gpu, "training").share == pytest.approx(0.72, abs=0.03)
+    assert _row(offloaded, "training").share == pytest.approx(0.39, abs=0.02)
+    # Without offload the shards (16 x 6.86e9 / 16 = 6.9 GB) go on the T4: about 84 % by this estimate.
+    assert _row(on_gpu, "training").share == pytest.approx(0.84, abs=0.03)
     # Rank 0 can land on a 64 GiB g4dn.4xlarge: loading the fp32 model there is 27 GB.
     assert _row(offloaded, "host RAM while loading").have == 64 * 2**30
 
@@ -108,9 +111,16 @@ def test_dolly_without_offload_on_four_t4s_is_refused_naming_the_fix():
 
 def test_llama_fits_only_with_the_for_loop_adamw():
     plan = _llama()
-    with pytest.warns(UserWarning, match="close|%"):  # about 95 %: it warns, it does not refuse
+    with pytest.warns(UserWarning, match="close|%"):  # about 98 %: it warns, it does not refuse
         plan.check()
     assert 0.9 < _row(plan, "training").share < 1.0
+    # Of the 79.2 GiB torch sees on an A100-80GB, not 80.
+    assert _row(plan, "training").have == int(79.2 * 2**30)
+    # Averaging gradients in fp32 (a layer's gradients held in bf16 and fp32 at once), or the embeddings
+    # and head left in the root unit (gathered, and their gradients whole, all step), each tip it over.
+    for tipped in (_llama(reduce_bytes=4), _llama(separate_embeddings=False)):
+        with pytest.raises(hp.ParameterError, match="does not fit"):
+            tipped.check()
     # torch's default foreach AdamW adds a 4 P / N temporary at the optimizer step: 17 GB more.
     foreach = _llama(foreach_optimizer=True)
     assert foreach.details["optimizer_step_temporary_bytes"] == pytest.approx(4 * 68.98e9 / 16, rel=0.01)
@@ -187,7 +197,7 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
         "llama_fsdp", full, {"1 worker": {"NUM_WORKERS": 1}, "16 workers": {}}
     )
     gpu = table.loc["training (A100-80GB GPU) (per GPU)"]
-    assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "81.9 GB (95%, close)"
+    assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "83.5 GB (98%, close)"
     zero = helpers.checks.compare_plans(
         "gpt2_deepspeed",
         dict(
@@ -202,8 +212,9 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
         {f"ZeRO-{s}": {"ZERO_STAGE": s} for s in (0, 1, 2, 3)},
     )
     per_gpu = [float(cell.split()[0]) for cell in zero.iloc[0]]
-    # each stage saves more
-    assert per_gpu == sorted(per_gpu, reverse=True) and per_gpu[0] > per_gpu[3], per_gpu
+    # ZeRO-3 partitions the most. ZeRO-1 and 2 also hold DeepSpeed's two reduce buckets of 5e8 elements
+    # (2 GB in bf16, with overlap_comm), which at GPT-2's size outweigh the state they partition.
+    assert per_gpu[3] < per_gpu[0] < per_gpu[2] <= per_gpu[1], per_gpu
 
 
 def test_the_plan_table_shows_the_parameter_count_and_each_rows_terms():
