@@ -274,7 +274,7 @@ def _glue_features(task: str):
     )
 
 
-def glue_fixture(num_train: int = 512, num_eval: int = 128, num_test: int = 64) -> str:
+def glue_fixture(num_train: int = 512, num_eval: int = 127, num_test: int = 64) -> str:
     """A local folder laid out like the Hub's `nyu-mll/glue` (GLUE notebook).
 
     `<task>/<split>-00000-of-00001.parquet` for the nine GLUE configs, with the real columns
@@ -282,6 +282,8 @@ def glue_fixture(num_train: int = 512, num_eval: int = 128, num_test: int = 64) 
     names; `float32` scores for stsb) and splits (`train`, `validation`, `test`; mnli has
     `validation_matched` / `validation_mismatched` and `test_matched` / `test_mismatched`, the
     mismatched ones from another "genre" of sentences). Test labels are -1, as in GLUE.
+    The validation splits have 127 rows, a prime: no number of workers divides them evenly, so a
+    run that drops or repeats validation rows (to give each worker as many) shows it in its count.
     """
 
     def build(tmp: Path) -> None:

@@ -11,6 +11,7 @@ from notebook_runs import check_cluster_run, execute, last_checkpoint_before, li
 NAME = "glue_text_classification"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
 FIXTURE_TRAIN_ROWS = 512  # each task's training rows in helpers.glue_fixture()
+FIXTURE_VALIDATION_ROWS = 127  # each validation split's rows there: a prime, so no worker count divides it
 
 
 def _check_common(results: dict, task: str, cluster, resumed: bool = False) -> None:
@@ -25,6 +26,12 @@ def _check_common(results: dict, task: str, cluster, resumed: bool = False) -> N
         assert f"checkpoint/{name}" in objects, objects
     # One evaluation per epoch (5), +1 where it resumed.
     assert len(results["eval_history"]) == results["parameters"]["NUM_EPOCHS"] + resumed
+    # The metric is the whole validation split's: every row scored once, none dropped to give each worker as
+    # many rows (Ray Train's split would score 126 of the 127 on 2 workers), none counted twice.
+    assert results["validation_rows"] == FIXTURE_VALIDATION_ROWS
+    assert FIXTURE_VALIDATION_ROWS % results["num_workers"] != 0
+    assert results["evaluated_rows"] == results["validation_rows"], results["evaluated_rows"]
+    assert {entry["eval_rows"] for entry in results["eval_history"]} == {FIXTURE_VALIDATION_ROWS}  # each one
 
 
 @pytest.mark.notebook
