@@ -38,6 +38,25 @@ def _common(p: dict, total_steps: int | None = None) -> None:
     check_choice("PLACEMENT_STRATEGY", p["PLACEMENT_STRATEGY"], PLACEMENTS)
     check_kill_step("KILL_WORKER_AT_STEP", p["KILL_WORKER_AT_STEP"], p["NUM_WORKERS"], total_steps)
     check_storage_path("STORAGE_PATH", p["STORAGE_PATH"])
+    if "CPUS_PER_WORKER" in p:
+        _check_cpus_per_worker(p)
+
+
+def _check_cpus_per_worker(p: dict) -> None:
+    """Each worker reserves CPUS_PER_WORKER CPUs, and Ray gives it as many threads (OMP_NUM_THREADS):
+    without a reservation a GPU worker gets one thread, for the CPU work it does (an offloaded optimizer
+    step, rank 0's load). A node of `CLUSTER` must have room for its GPUs' workers."""
+    from .plan import NODE_TYPES
+
+    value = p["CPUS_PER_WORKER"]
+    check_int("CPUS_PER_WORKER", value, minimum=1)
+    for name in (p.get("CLUSTER") or {}) if p["USE_GPU"] else ():
+        node = NODE_TYPES.get(name)
+        if node and node.gpus and node.cpus and value * node.gpus > node.cpus:
+            raise ParameterError(
+                f"CPUS_PER_WORKER={value}: a {name} has {node.cpus} vCPUs for its {node.gpus} GPUs' workers, "
+                f"{node.cpus // node.gpus} each at most (leave some for Ray and its data tasks)."
+            )
 
 
 def _gpt2(p: dict) -> None:
@@ -271,7 +290,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
 
     _notebook(notebook)
     p = namespace
-    check_resources(p["NUM_WORKERS"], p["USE_GPU"])
+    check_resources(p["NUM_WORKERS"], p["USE_GPU"], p.get("CPUS_PER_WORKER", 1))
     nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
     where = f"; every node ({nodes}) can write to the bucket" if nodes else ""
     if notebook == "llama_fsdp":

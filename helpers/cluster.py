@@ -310,7 +310,9 @@ def check_resources(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.
         )
     if num_workers * cpus_per_worker > total_cpu:
         problems.append(
-            f"NUM_WORKERS={num_workers} needs {num_workers * cpus_per_worker:g} CPUs, "
+            f"NUM_WORKERS={num_workers}"
+            + (f" with CPUS_PER_WORKER={cpus_per_worker:g}" if cpus_per_worker != 1 else "")
+            + f" needs {num_workers * cpus_per_worker:g} CPUs, "
             f"but this Ray cluster has {total_cpu:g}"
         )
     if not problems and not fits_one_node:

@@ -93,19 +93,20 @@ class NodeType:
     memory: int  # host RAM, bytes
     disk: int  # local instance storage (NVMe), bytes
     bf16: bool = True  # the GPU computes in bf16
+    cpus: int = 0  # vCPUs
 
 
 # AWS instance types (public spec sheets). GPU memory as torch reports it (`torch.cuda.
 # get_device_properties(0).total_memory`), a little under the product's figure: 14.6 GiB on a "16 GB" T4,
 # 22.0 on an A10G, 39.4 / 79.2 on the 40 / 80 GB A100, 79.2 on an H100-80GB (not measured here: no GPU).
 NODE_TYPES = {
-    "g4dn.4xlarge": NodeType(1, "T4", int(14.6 * GiB), 64 * GiB, 225 * 10**9, bf16=False),
-    "g4dn.8xlarge": NodeType(1, "T4", int(14.6 * GiB), 128 * GiB, 900 * 10**9, bf16=False),
-    "g4dn.12xlarge": NodeType(4, "T4", int(14.6 * GiB), 192 * GiB, 900 * 10**9, bf16=False),
-    "g5.12xlarge": NodeType(4, "A10G", 22 * GiB, 192 * GiB, 3800 * 10**9),
-    "p4d.24xlarge": NodeType(8, "A100-40GB", int(39.4 * GiB), 1152 * GiB, 8000 * 10**9),
-    "p4de.24xlarge": NodeType(8, "A100-80GB", int(79.2 * GiB), 1152 * GiB, 8000 * 10**9),
-    "p5.48xlarge": NodeType(8, "H100-80GB", int(79.2 * GiB), 2048 * GiB, 30400 * 10**9),
+    "g4dn.4xlarge": NodeType(1, "T4", int(14.6 * GiB), 64 * GiB, 225 * 10**9, bf16=False, cpus=16),
+    "g4dn.8xlarge": NodeType(1, "T4", int(14.6 * GiB), 128 * GiB, 900 * 10**9, bf16=False, cpus=32),
+    "g4dn.12xlarge": NodeType(4, "T4", int(14.6 * GiB), 192 * GiB, 900 * 10**9, bf16=False, cpus=48),
+    "g5.12xlarge": NodeType(4, "A10G", 22 * GiB, 192 * GiB, 3800 * 10**9, cpus=48),
+    "p4d.24xlarge": NodeType(8, "A100-40GB", int(39.4 * GiB), 1152 * GiB, 8000 * 10**9, cpus=96),
+    "p4de.24xlarge": NodeType(8, "A100-80GB", int(79.2 * GiB), 1152 * GiB, 8000 * 10**9, cpus=96),
+    "p5.48xlarge": NodeType(8, "H100-80GB", int(79.2 * GiB), 2048 * GiB, 30400 * 10**9, cpus=192),
 }
 
 

@@ -197,21 +197,6 @@ def test_checkpoint_folder_is_private_to_each_reader(tmp_path):
     assert not Path(first).exists() and not Path(second).exists()  # deleted after the block
 
 
-def test_check_cluster_with_no_gpu_node_up_yet(monkeypatch, capsys):
-    # An autoscaling cluster before its first GPU node: check_resources only warns, and there is no node to
-    # prefetch the Llama weights on; the set-up cell says so instead of failing on max() of nothing.
-    import helpers.checks
-    import helpers.cluster
-    import helpers.storage
-
-    monkeypatch.setattr(helpers.cluster, "check_resources", lambda *a, **k: None)
-    monkeypatch.setattr(helpers.cluster, "prefetch_model_on_nodes", lambda *a, **k: {})
-    monkeypatch.setattr(helpers.storage, "check_storage_from_nodes", lambda *a, **k: 0)
-    params = {"NUM_WORKERS": 16, "USE_GPU": True, "STORAGE_PATH": "/tmp/x", "MODEL_NAME": "m"}
-    helpers.checks.check_cluster("llama_fsdp", params)
-    assert "no node to fetch the weights on yet" in capsys.readouterr().out
-
-
 def test_nccl_and_efa_settings_reach_the_workers(monkeypatch):
     # Set in the notebook, NCCL_* / FI_* would reach no worker on another node: the job carries them (issue 21,
     # item 9), next to the Hugging Face settings; other variables stay behind.

@@ -61,6 +61,8 @@ def test_fsdp2_really_shards(smoke_run):
     results, _ = smoke_run
     # fully_shard over 2 workers: each holds half the parameter elements; DDP would show 1.0.
     assert results["param_shard_fraction"] == pytest.approx([0.5, 0.5], abs=0.02)
+    # Each worker runs as many threads as the CPUs it reserved (resources_per_worker, OMP_NUM_THREADS).
+    assert results["worker_threads"] == [results["parameters"]["CPUS_PER_WORKER"]] * 2
 
 
 @pytest.mark.notebook
