@@ -47,6 +47,7 @@ from .validate import (
     hub_offline,
     model_max_positions,
 )
+from .zero_checkpoint import check_zero_checkpoint_workers, zero_rank_files
 
 __all__ = [
     "AG_NEWS_LABELS",
@@ -99,4 +100,6 @@ __all__ = [
     "write_results",
     "zero_partition_fraction",
     "zero_state_bytes",
+    "check_zero_checkpoint_workers",
+    "zero_rank_files",
 ]

@@ -6,10 +6,11 @@ Used by the training functions of every notebook (`run_log.log`, `kill_if_due`),
 When a worker process dies, its whole worker group goes with it: everything the workers held in
 memory, and every metric reported since the last checkpoint. `RunLog` is a small Ray actor that the
 notebook creates and owns, so it outlives the worker group: rank 0 tells it each step's loss and each
-attempt's starting step, and it lets exactly one worker die once. It also keeps the lines the training
-cell shows (`show_progress` prints them from the driver while `fit()` runs): one per logging interval,
-the kill, the restart and the step it resumed from. Everything else the workers print goes to the
-worker log file that `helpers.start_ray` names.
+attempt's starting step (and a resuming worker, how much of the checkpoint it fetched), and it lets
+exactly one worker die once. It also keeps the lines the training cell shows (`show_progress` prints
+them from the driver while `fit()` runs): one per logging interval, the kill, the restart and the step
+it resumed from. Everything else the workers print goes to the worker log file that `helpers.start_ray`
+names.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class RunLog:
         self.print_every = max(1, int(print_every))
         self.lines: list[str] = []  # what the training cell shows, in order
         self._notes: dict = {}
+        self._fetched: dict[int, int] = {}  # rank -> bytes of the checkpoint it fetched to resume
+        self._checkpoint_bytes: int | None = None
 
     # ---- what the workers tell it
     def note(self, key: str, value) -> None:
@@ -58,6 +61,12 @@ class RunLog:
         """A line for the training cell (an event a person should see, e.g. an evaluation); after a restart
         it names the attempt, so that an event the new worker group repeats reads as a repeat."""
         self.lines.append(f"{line}  (attempt {len(self.attempts)})" if len(self.attempts) > 1 else str(line))
+
+    def checkpoint_fetched(self, rank: int, bytes_fetched: int, checkpoint_bytes: int) -> None:
+        """Worker `rank` fetched `bytes_fetched` of a checkpoint of `checkpoint_bytes` to resume (the
+        folder of `helpers.storage.checkpoint_folder` says both); a later resume replaces its number."""
+        self._fetched[int(rank)] = int(bytes_fetched)
+        self._checkpoint_bytes = int(checkpoint_bytes)
 
     def start_attempt(self, resumed_from_step: int) -> int:
         self.attempts.append({"resumed_from": int(resumed_from_step), "losses": {}})
@@ -107,18 +116,24 @@ class RunLog:
         ]
 
     def kill_summary(self) -> dict | None:
-        """`{"at_step", "resumed_from_step", "restarts", "replayed_steps", "replayed_max_abs_diff"}`."""
+        """`{"at_step", "resumed_from_step", "restarts", "replayed_steps", "replayed_max_abs_diff"}`, and
+        where the workers said what they fetched to resume (`checkpoint_fetched`), `"resume_bytes_per_rank"`
+        (by rank) and `"checkpoint_bytes"`."""
         if self.killed_at is None:
             return None
         first, last = self.attempts[0]["losses"], self.attempts[-1]["losses"]
         replayed = sorted(set(first) & set(last)) if len(self.attempts) > 1 else []
-        return {
+        summary = {
             "at_step": self.killed_at,
             "resumed_from_step": self.attempts[-1]["resumed_from"],
             "restarts": len(self.attempts) - 1,
             "replayed_steps": replayed,
             "replayed_max_abs_diff": max((abs(first[s] - last[s]) for s in replayed), default=None),
         }
+        if self._fetched:
+            summary["resume_bytes_per_rank"] = [self._fetched[r] for r in sorted(self._fetched)]
+            summary["checkpoint_bytes"] = self._checkpoint_bytes
+        return summary
 
 
 def _fmt(value) -> str:

@@ -16,7 +16,7 @@ import io
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .validate import ParameterError
@@ -258,7 +258,7 @@ def dcp_reader(filesystem, path: str):
 
 
 @contextlib.contextmanager
-def checkpoint_folder(checkpoint) -> Iterator[str]:
+def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) -> Iterator[FetchedFolder]:
     """A local folder with a Ray Train checkpoint's files, for this process only.
 
     The checkpoint's own folder where it is on a local (or NFS) filesystem; otherwise a private
@@ -267,11 +267,48 @@ def checkpoint_folder(checkpoint) -> Iterator[str]:
     another's download has finished downloads again into it, rewriting the files the first one is
     reading: on the project's two-node cluster (two Ray nodes on one machine, as two ranks on one
     8-GPU node) a resuming rank read an empty `trainer_state.json`.
+
+    `files`, a filter of paths relative to the checkpoint (e.g. `helpers.zero_rank_files(rank)`):
+    copy only those, for a process that reads only part of a sharded checkpoint. The folder is a `str`
+    that also says what it cost (`FetchedFolder`): `bytes_fetched`, the size of the files chosen (copied;
+    on a local or NFS filesystem, read where they are), and `checkpoint_bytes`, the whole checkpoint's.
     """
     import pyarrow.fs as pafs
 
-    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
-        yield checkpoint.path
+    fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    sizes = {i.path[len(root) :].lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
+    chosen = [path for path in sizes if files is None or files(path)]
+
+    def fetched(folder: str) -> FetchedFolder:
+        return FetchedFolder(folder, sum(sizes[p] for p in chosen), sum(sizes.values()))
+
+    if isinstance(fs, pafs.LocalFileSystem):
+        yield fetched(checkpoint.path)
         return
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as folder:
-        yield checkpoint.to_directory(folder)
+        if files is None:
+            yield fetched(checkpoint.to_directory(folder))
+            return
+        for path in chosen:
+            os.makedirs(os.path.dirname(os.path.join(folder, path)), exist_ok=True)
+            pafs.copy_files(
+                f"{root}/{path}",
+                os.path.join(folder, path),
+                source_filesystem=fs,
+                destination_filesystem=pafs.LocalFileSystem(),
+            )
+        yield fetched(folder)
+
+
+class FetchedFolder(str):
+    """A local folder (`checkpoint_folder`'s) that is a `str`, and says what it cost: `bytes_fetched` of
+    the `checkpoint_bytes` of the whole checkpoint."""
+
+    bytes_fetched: int
+    checkpoint_bytes: int
+
+    def __new__(cls, path: str, bytes_fetched: int, checkpoint_bytes: int) -> FetchedFolder:
+        folder = super().__new__(cls, path)
+        folder.bytes_fetched, folder.checkpoint_bytes = bytes_fetched, checkpoint_bytes
+        return folder

@@ -49,3 +49,84 @@ def zero_rank(rank: int, world_size: int, port: int, stage: int, results, offloa
     offloaded = bool(getattr(engine.optimizer, "offload_optimizer", False))
     results.put((rank, helpers.zero_partition_fraction(engine), losses, offloaded))
     torch.distributed.destroy_process_group()
+
+
+def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder: str, mode: str) -> None:
+    """One of `world_size` gloo ranks with a ZeRO-3 engine over the tiny GPT-2, for the resume tests.
+
+    "save": three training steps, then `save_checkpoint` into `folder`/checkpoint. "load": resume from
+    it as the GPT-2 notebook does, through a filesystem that is not pyarrow's LocalFileSystem (as a
+    bucket is), so `checkpoint_folder` copies; at another world size, the check's refusal and
+    DeepSpeed's own error, then DeepSpeed's universal checkpoint (converted by the test). Each rank puts
+    `(rank, what it saw)` on `results`; the loss of a fixed batch compares the saved and loaded weights.
+    """
+    import os
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
+    import deepspeed
+    import pyarrow.fs as pafs
+    import ray.train
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import helpers
+
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+
+    def engine(**extra):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(helpers.tiny_model("gpt2"))
+        config = {
+            "train_micro_batch_size_per_gpu": 2,
+            "zero_optimization": {"stage": 3},
+            "bf16": {"enabled": True},
+        }
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return deepspeed.initialize(model=model, optimizer=optimizer, config={**config, **extra})[0]
+
+    def batch_loss(ds_engine) -> float:
+        ids = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(rank))
+        ds_engine.eval()  # no dropout: the loss depends on the weights only
+        with torch.no_grad():
+            return ds_engine(input_ids=ids, labels=ids).loss.item()
+
+    saw: dict = {}
+    if mode == "save":
+        ds_engine = engine()
+        for _ in range(3):
+            ids = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(rank))
+            loss = ds_engine(input_ids=ids, labels=ids).loss
+            ds_engine.backward(loss)
+            ds_engine.step()
+        ds_engine.save_checkpoint(os.path.join(folder, "checkpoint"))
+        saw["loss"] = batch_loss(ds_engine)
+    else:
+        parent, name = os.path.split(folder)
+        ckpt = ray.train.Checkpoint(name, filesystem=pafs.SubTreeFileSystem(parent, pafs.LocalFileSystem()))
+        ds_engine = engine()
+        try:
+            saw["world_size"] = helpers.check_zero_checkpoint_workers(ckpt, world_size)
+        except helpers.ParameterError as exc:
+            saw["refused"] = str(exc)
+        with helpers.storage.checkpoint_folder(ckpt, files=helpers.zero_rank_files(rank)) as local:
+            saw["bytes_fetched"], saw["checkpoint_bytes"] = local.bytes_fetched, local.checkpoint_bytes
+            saw["files"] = sorted(
+                os.path.relpath(os.path.join(d, f), local) for d, _, fs in os.walk(local) for f in fs
+            )
+            try:
+                ds_engine.load_checkpoint(os.path.join(local, "checkpoint"))
+                saw["loss"] = batch_loss(ds_engine)
+            except Exception as exc:  # noqa: BLE001 - DeepSpeed's own error, for the test to read
+                saw["deepspeed_error"] = f"{type(exc).__name__}: {exc}"
+        if "refused" in saw and os.path.exists(os.path.join(folder, "checkpoint", "latest_universal")):
+            universal = engine(checkpoint={"load_universal": True})
+            universal.load_checkpoint(os.path.join(folder, "checkpoint"))
+            saw["universal_loss"] = batch_loss(universal)
+    results.put((rank, saw))
+    torch.distributed.destroy_process_group()

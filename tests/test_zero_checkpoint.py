@@ -1,0 +1,175 @@
+"""A DeepSpeed ZeRO checkpoint on resume: each rank fetches only its own shard, and a checkpoint saved
+by another number of workers is refused, naming NUM_WORKERS, before DeepSpeed fails inside the workers.
+
+Real ZeRO-3 checkpoints of the tiny GPT-2, written and read by 2 (or 1) gloo ranks in spawned
+processes, without Ray (the GPT-2 notebook's test checks the same on the cluster, with the bucket)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from zero_rank import zero_checkpoint_rank
+
+import helpers
+from helpers.failures import RunLog
+from helpers.zero_checkpoint import zero_checkpoint_world_size
+
+
+def _ranks(world_size: int, folder, mode: str) -> list[dict]:
+    """Run `zero_checkpoint_rank` on `world_size` spawned ranks; what each saw, by rank."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    args = (world_size, port, results, str(folder), mode)
+    procs = [ctx.Process(target=zero_checkpoint_rank, args=(r, *args)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    got: dict = {}
+    deadline = time.monotonic() + 200
+    while len(got) < world_size:  # fail as soon as a rank dies, not at the deadline
+        assert time.monotonic() < deadline, "ranks did not answer in 200 s"
+        assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
+        with contextlib.suppress(queue.Empty):
+            rank, saw = results.get(timeout=1)
+            got[rank] = saw
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    return [got[r] for r in range(world_size)]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A ZeRO-3 checkpoint saved by 2 ranks, and the loss of each rank's fixed batch after saving."""
+    folder = tmp_path_factory.mktemp("zero3") / "ckpt"
+    return folder, _ranks(2, folder, "save")
+
+
+@pytest.mark.timeout(240)
+def test_each_rank_fetches_only_its_own_shard_and_resumes(saved):
+    folder, before = saved
+    sizes = {
+        os.path.relpath(os.path.join(d, f), folder): os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(folder)
+        for f in files
+    }
+    after = _ranks(2, folder, "load")
+    for rank, saw in enumerate(after):
+        other = f"zero_pp_rank_{1 - rank}_"
+        assert saw["world_size"] == 2 and "refused" not in saw
+        assert saw["files"] == sorted(p for p in sizes if other not in p)  # no file of the other rank
+        assert any(f"zero_pp_rank_{rank}_" in p and p.endswith("optim_states.pt") for p in saw["files"])
+        assert saw["checkpoint_bytes"] == sum(sizes.values())
+        assert saw["bytes_fetched"] == sum(size for p, size in sizes.items() if other not in p)
+        # DeepSpeed loaded from those files alone: the same weights as the saving rank's.
+        assert saw["loss"] == pytest.approx(before[rank]["loss"], abs=1e-6)
+    # Half the checkpoint each, and the small files every rank reads (measured: 0.51 of 1.78 MB).
+    assert all(saw["bytes_fetched"] < 0.55 * saw["checkpoint_bytes"] for saw in after)
+
+
+@pytest.mark.timeout(240)
+def test_another_world_size_is_refused_naming_num_workers(saved):
+    folder, before = saved
+    assert zero_checkpoint_world_size(folder / "checkpoint") == 2
+    with pytest.raises(helpers.ParameterError) as refused:
+        helpers.check_zero_checkpoint_workers(folder, 1)
+    message = str(refused.value)
+    assert "NUM_WORKERS=1" in message and "saved by 2 workers" in message and "NUM_WORKERS=2" in message
+    assert "ds_to_universal" in message and "load_universal" in message
+    assert helpers.check_zero_checkpoint_workers(folder, 2) == 2
+    # The conversion the message offers: DeepSpeed's universal checkpoint, next to the original.
+    tag = (folder / "checkpoint" / "latest").read_text().strip()
+    subprocess.run(
+        [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal"]
+        + ["--input_folder", str(folder / "checkpoint" / tag)]
+        + ["--output_folder", str(folder / "checkpoint" / f"{tag}_universal")],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        (saw,) = _ranks(1, folder, "load")
+    finally:  # the universal folder is not part of the checkpoint the other test reads
+        import shutil
+
+        shutil.rmtree(folder / "checkpoint" / f"{tag}_universal")
+        (folder / "checkpoint" / "latest_universal").unlink()
+    assert "NUM_WORKERS=1" in saw["refused"] and "saved by 2 workers" in saw["refused"]  # in the worker
+    # Without the check, DeepSpeed fails in load_checkpoint, after the fetch, in every worker.
+    assert saw["deepspeed_error"].startswith(
+        "ZeRORuntimeException: The checkpoint being loaded used a DP world size of 2"
+    )
+    # The universal checkpoint loads on 1 worker, with the weights the 2 ranks saved.
+    assert saw["universal_loss"] == pytest.approx(before[0]["loss"], abs=1e-6)
+
+
+def test_zero_rank_files_keeps_the_shared_files_and_this_ranks_shards():
+    wanted = helpers.zero_rank_files(1)
+    assert wanted("checkpoint/latest") and wanted("checkpoint/epoch.txt")
+    assert wanted("checkpoint/global_step12/mp_rank_00_model_states.pt")  # ZeRO 0-2: every rank reads it
+    assert wanted("checkpoint/global_step12/zero_pp_rank_1_mp_rank_00_model_states.pt")
+    assert wanted("checkpoint/global_step12/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    assert not wanted("checkpoint/global_step12/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert not wanted("checkpoint/global_step12/zero_pp_rank_11_mp_rank_00_model_states.pt")
+
+
+def test_several_tags_count_the_one_latest_names(tmp_path):
+    for tag, ranks in (("global_step3", 4), ("global_step6", 2)):
+        (tmp_path / tag).mkdir()
+        for r in range(ranks):
+            (tmp_path / tag / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"x")
+    (tmp_path / "latest").write_text("global_step6")
+    assert zero_checkpoint_world_size(tmp_path) == 2
+    (tmp_path / "latest").write_text("global_step3")
+    assert zero_checkpoint_world_size(tmp_path) == 4
+    # ZeRO stage 0 writes no shards (one mp_rank_00_model_states.pt): it resumes on any number of workers.
+    stage0 = tmp_path / "stage0" / "global_step3"
+    stage0.mkdir(parents=True)
+    (stage0 / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    assert helpers.check_zero_checkpoint_workers(stage0.parent, 7) is None
+
+
+def test_run_log_keeps_what_each_resuming_rank_fetched():
+    log = RunLog()
+    log.start_attempt(0)
+    log.log(1, 5.0)
+    assert log.claim_kill(2)
+    log.checkpoint_fetched(1, 600, 1000)
+    log.checkpoint_fetched(0, 620, 1000)
+    log.start_attempt(1)
+    summary = log.kill_summary()
+    assert summary["resume_bytes_per_rank"] == [620, 600] and summary["checkpoint_bytes"] == 1000
+
+
+def test_checkpoint_folder_fetches_only_the_chosen_files_and_counts_them(tmp_path):
+    import pyarrow.fs as pafs
+    import ray.train
+
+    (tmp_path / "ckpt" / "sub").mkdir(parents=True)
+    (tmp_path / "ckpt" / "mine.pt").write_bytes(b"x" * 30)
+    (tmp_path / "ckpt" / "sub" / "theirs.pt").write_bytes(b"x" * 70)
+    mine = lambda path: path == "mine.pt"  # noqa: E731
+    local = ray.train.Checkpoint(str(tmp_path / "ckpt"))
+    with helpers.storage.checkpoint_folder(local, files=mine) as folder:
+        assert folder == str(tmp_path / "ckpt")  # read where it is: nothing to copy
+        assert (folder.bytes_fetched, folder.checkpoint_bytes) == (30, 100)
+    bucket = ray.train.Checkpoint(
+        "ckpt", filesystem=pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    )
+    with helpers.storage.checkpoint_folder(bucket, files=mine) as folder:
+        assert os.listdir(folder) == ["mine.pt"] and (folder.bytes_fetched, folder.checkpoint_bytes) == (
+            30,
+            100,
+        )
+    with helpers.storage.checkpoint_folder(bucket) as folder:  # no filter: all of it, as before
+        assert sorted(os.listdir(folder)) == ["mine.pt", "sub"] and folder.bytes_fetched == 100
