@@ -42,7 +42,8 @@ def test_trains_within_the_time_budget(smoke_run):
     pinned = pinned_losses(NAME)
     assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
-    assert results["wall_seconds"] < 180, f"smoke run took {results['wall_seconds']:.0f} s (budget 180 s)"
+    # Two micro-steps of accumulation per step since issue 21: measured 167-198 s (176.6 s in make test).
+    assert results["wall_seconds"] < 220, f"smoke run took {results['wall_seconds']:.0f} s (budget 220 s)"
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
 
 
