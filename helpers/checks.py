@@ -145,11 +145,12 @@ def _plan_gpt2(p: dict) -> dict:
 
 
 def _plan_dolly(p: dict) -> dict:
+    compute_bytes = 4 if p["PRECISION"] in ("32-true", "64-true") else 2  # mixed precision: 16-bit
     return dict(
         activation_checkpointing=True,  # the strategy's activation_checkpointing_policy
         sharding="fsdp",
-        gather_bytes=4 if p["PRECISION"] in ("32-true", "64-true") else 2,  # mixed precision gathers 16-bit
-        reduce_bytes=4 if p["PRECISION"] in ("32-true", "64-true") else 2,  # Lightning reduces in that dtype
+        gather_bytes=compute_bytes,  # FSDP gathers the weights in the compute dtype
+        reduce_bytes=compute_bytes,  # and Lightning reduces the gradients in it too
         offload="optimizer+params" if p["CPU_OFFLOAD"] else "none",  # FSDP1 offloads weights, grads, the step
         loading="every rank",  # every worker's DollyV2Model loads the fp32 model before FSDP shards it
         checkpoint="staged",  # each rank writes its shard locally, then Ray uploads it
