@@ -409,9 +409,12 @@ def plan_training(
     streamed = 2 * min(STREAM_FILE_BYTES, 12 * p // n) * per_node
     host_ckpt = 12 * p // n * per_node if checkpoint == "staged" else streamed
     consolidate = (4 * p + 4 * size.largest_tensor) if export_bytes else 0  # rank 0: full fp32, in place
-    # Staged: each rank's shard is written locally before Ray uploads it, and on a restart every node
-    # downloads the whole checkpoint (`as_directory`), the larger of the two.
-    local_disk = 12 * p if checkpoint == "staged" else 0
+    # Staged: each rank's shard is written locally before Ray uploads it. A resuming rank fetches only
+    # its own shard (Dolly reads its byte ranges in place; GPT-2 copies its own files), so a sharded
+    # run's node needs its ranks' shards; ZeRO-0 to 2 keep the full weights in rank 0's files, counted
+    # whole.
+    sharded_state = sharding in ("fsdp", "zero3")
+    local_disk = (12 * p // n * per_node if sharded_state else 12 * p) if checkpoint == "staged" else 0
     local_disk += export_bytes * p  # rank 0 writes the consolidated model before it is uploaded
     local_disk += stored * size.params  # the Hub download, in each node's Hugging Face cache
     details.update(
@@ -442,7 +445,15 @@ def plan_training(
         else f"streamed in files of {STREAM_FILE_BYTES / GiB:.0f} GiB: 2 files' worth x {per_node} ranks"
     )
     disk_terms = (
-        ("staged checkpoint 12 B x params + " if checkpoint == "staged" else "")
+        (
+            (
+                f"staged shards 12 B x params / {n} x {per_node} ranks + "
+                if sharded_state
+                else "staged checkpoint 12 B x params + "
+            )
+            if checkpoint == "staged"
+            else ""
+        )
         + (f"export {export_bytes} B x params + " if export_bytes else "")
         + f"Hub download {stored} B x params"
     )

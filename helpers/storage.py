@@ -2,7 +2,8 @@
 
 Used by `helpers.check_parameters` and `helpers.check_cluster` (the "Set up" cell of every notebook),
 and by their result cells (`uri`), so that the same code reads checkpoints from a folder or a bucket;
-`checkpoint_folder` by the training functions of the GPT-2, Dolly and GLUE notebooks when they resume.
+`checkpoint_folder` by the training functions of the GPT-2 and GLUE notebooks when they resume, and
+`stored_folder` by Dolly's, which reads its shards where they are stored.
 
 Ray Train resolves `STORAGE_PATH` with `pyarrow.fs.FileSystem.from_uri`; so do these checks, so
 that they see what Ray will see. For an S3-compatible store other than AWS, the standard AWS
@@ -12,6 +13,7 @@ variables set the endpoint and keys (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ..
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import tempfile
@@ -29,6 +31,7 @@ __all__ = [
     "dcp_writer",
     "dcp_reader",
     "checkpoint_folder",
+    "stored_folder",
 ]
 
 SCHEMES = "a local or NFS folder, s3://bucket/prefix, gs://bucket/prefix or hdfs://host/path"
@@ -238,13 +241,24 @@ def dcp_reader(filesystem, path: str):
     Each rank reads only the byte ranges it needs (its shard; or only the model's weights and not the
     optimizer state), each with one ranged read of exactly its bytes: torch's own reader reads items in
     no particular order through one buffered stream, and each short read after a long seek would refill
-    the whole buffer. `reader.bytes_read` counts what it fetched. The Llama notebook resumes with it,
-    and Dolly's generation task reads the weights.
+    the whole buffer. `reader.bytes_read` counts what it fetched (the `.metadata` index included). The
+    Llama and Dolly notebooks resume with it, and Dolly's generation task reads the weights.
     """
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
     class RangeReader(FsspecReader):
         bytes_read = 0
+        _metadata = None
+
+        def read_metadata(self, *args, **kwargs):
+            # DCP's index of the checkpoint (`.metadata`), fetched once: torch asks for it again in each
+            # load, and a resume loads twice (the model, then the optimizer state).
+            if self._metadata is None:
+                self._metadata = super().read_metadata(*args, **kwargs)
+                self.bytes_read += filesystem.get_file_info(f"{path}/.metadata").size
+            metadata = copy.deepcopy(self._metadata)
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
 
         def _slice_file(self, file, sinfo):
             # `file` is the buffered stream of `create_stream`; its raw pyarrow file reads at an offset.
@@ -312,3 +326,35 @@ class FetchedFolder(str):
         folder = super().__new__(cls, path)
         folder.bytes_fetched, folder.checkpoint_bytes = bytes_fetched, checkpoint_bytes
         return folder
+
+
+class StoredFolder(str):
+    """A folder of a Ray Train checkpoint, named by its URI (or local path), to be read where it is stored.
+
+    `stored_folder(checkpoint, "checkpoint.ckpt")` gives one; passed as Lightning's `ckpt_path` to the
+    FSDP strategy of `helpers.fsdp_strategy_class()`, each rank reads from the bucket (or NFS folder)
+    only the byte ranges of its own shards, with `dcp_reader`, instead of downloading the whole
+    checkpoint first. After the load, `bytes_read` says what the rank read, of `checkpoint_bytes`.
+    """
+
+    filesystem: object
+    path: str
+    checkpoint_bytes: int
+    bytes_read: int
+
+    def __new__(cls, filesystem, path: str, checkpoint_bytes: int) -> StoredFolder:
+        folder = super().__new__(cls, uri(filesystem, path))
+        folder.filesystem, folder.path = filesystem, path
+        folder.checkpoint_bytes, folder.bytes_read = checkpoint_bytes, 0
+        return folder
+
+
+def stored_folder(checkpoint, subfolder: str = "") -> StoredFolder:
+    """`subfolder` of a Ray Train `checkpoint`, to be read in place (`StoredFolder`); `checkpoint_bytes`
+    is the size of the whole checkpoint."""
+    import pyarrow.fs as pafs
+
+    fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    size = sum(i.size for i in infos if i.type == pafs.FileType.File)
+    return StoredFolder(fs, f"{root}/{subfolder}" if subfolder else root, size)

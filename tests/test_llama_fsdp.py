@@ -161,7 +161,7 @@ def test_restart_skips_the_pretrained_load_and_reads_only_its_shard(smoke_run):
     # Two attempts, one read of the pretrained weights: the resumed attempt took them from the checkpoint.
     assert len(results["attempts"]) == 2 and results["pretrained_loads"] == 1
     # Each rank read its own half of the sharded checkpoint to resume (one ranged read per tensor shard),
-    # not the whole of it: the two halves are the checkpoint, less DCP's metadata and the rank-0-only
+    # not the whole of it: the two halves are the checkpoint, plus the DCP index each reads, less the rank-0-only
     # bytes entries (measured: 314.7 MB and 314.7 MB of 629.4 MB).
     kill = results["kill"]
     per_rank, whole = kill["resume_bytes_per_rank"], kill["checkpoint_bytes"]
