@@ -32,6 +32,7 @@ __all__ = [
     "dcp_reader",
     "checkpoint_folder",
     "stored_folder",
+    "trainer_rank_files",
 ]
 
 SCHEMES = "a local or NFS folder, s3://bucket/prefix, gs://bucket/prefix or hdfs://host/path"
@@ -313,6 +314,21 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
                 destination_filesystem=pafs.LocalFileSystem(),
             )
         yield fetched(folder)
+
+
+def trainer_rank_files(rank: int) -> Callable[[str], bool]:
+    """The files of a Hugging Face `Trainer` checkpoint that rank `rank` reads to resume, a filter for
+    `checkpoint_folder(checkpoint, files=...)`: all but the other ranks' random states
+    (`rng_state_<r>.pth`). Under DDP every rank holds the whole model and optimizer state, so it needs
+    the rest: the weights, `optimizer.pt`, `scheduler.pt`, `trainer_state.json`."""
+
+    def wanted(path: str) -> bool:
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith("rng_state_") and name.endswith(".pth"):
+            return name == f"rng_state_{rank}.pth"
+        return True
+
+    return wanted
 
 
 class FetchedFolder(str):

@@ -6,7 +6,7 @@ Floors are set from measured smoke runs on the 2-core machine (in brackets), wel
 from __future__ import annotations
 
 import pytest
-from notebook_runs import check_cluster_run, execute, last_checkpoint_before, listing
+from notebook_runs import check_cluster_run, execute, filesystem, last_checkpoint_before, listing
 
 NAME = "glue_text_classification"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
@@ -51,9 +51,17 @@ def test_cola_default_task_run_as_a_learner_runs_it(smoke_run, ray_cluster):
     # interval's change of loss (0.1 at that point).
     check_cluster_run(results, ray_cluster, kill_at=kill_at, resumed_from=resumed_from, tolerance=0.01)
     _check_common(results, "cola", ray_cluster, resumed=True)
+    # To resume, each worker fetched the whole checkpoint but the other worker's random state: under DDP
+    # each holds the full model and AdamW state. The final checkpoint's file sizes stand for the resumed one's.
+    fs, root = filesystem(results["checkpoint_path"], ray_cluster)
+    rng_state = {r: fs.get_file_info(f"{root}/checkpoint/rng_state_{r}.pth").size for r in (0, 1)}
+    whole = results["kill"]["checkpoint_bytes"]
+    assert results["kill"]["resume_bytes_per_rank"] == [whole - rng_state[1], whole - rng_state[0]]
     assert set(results["eval_metrics"]) == {"matthews_correlation"}
     assert results["eval_metrics"]["matthews_correlation"] >= 0.8  # chance: 0 [1.0]
-    print(f"cola: {results['eval_metrics']}, {wall:.0f} s")
+    print(
+        f"cola: {results['eval_metrics']}, resume {results['kill']['resume_bytes_per_rank']} of {whole} B, {wall:.0f} s"
+    )
 
 
 # sst2 (single sentence, 2 labels, accuracy; 1.0 measured against a floor of 0.9) is the shape cola already
