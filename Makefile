@@ -2,6 +2,8 @@
 # `make test`: the test suite. `make docs`: the docs site in docs/_build/html (DOCS_EXECUTE=1: with the
 # notebooks executed in smoke mode). All create or update the virtualenv first.
 SHELL := /bin/bash
+# The project's folder, wherever make runs from (`make -f path/to/Makefile clean` included).
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -119,5 +121,7 @@ lint: install
 	$(BIN)/ruff check helpers tests ci notebooks docs/conf.py
 	$(BIN)/ruff format --check helpers tests ci notebooks docs/conf.py
 
+# Every path is the project's (never the current folder's); refused while a local cluster runs from .venv.
 clean:
-	rm -rf $(VENV) runs test-artifacts .cache docs/_build
+	@if [ -x "$(ROOT)/$(BIN)/python" ]; then "$(ROOT)/$(BIN)/python" "$(ROOT)/ci/local_cluster.py" idle; fi
+	rm -rf "$(ROOT)/$(VENV)" "$(ROOT)/runs" "$(ROOT)/test-artifacts" "$(ROOT)/.cache" "$(ROOT)/docs/_build"

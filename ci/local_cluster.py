@@ -6,7 +6,8 @@
 
 What `up` starts, each as a child process whose id it records (in .cluster/state.json):
 
-- an S3 API server (moto's standalone server, as in Ray's own storage tests) with one bucket;
+- an S3 API server (moto's, as in Ray's own storage tests, behind ci/s3_server.py's guard: loopback only,
+  no requests from web pages, no moto API) with one bucket;
 - a Ray head node and a second Ray node (`ray start --block`, two raylets with an object store
   each), with Ray's token authentication on (the token is in .cluster/auth_token, never in
   ~/.ray) and the bucket's credentials in each node's environment, as instance credentials are
@@ -15,6 +16,13 @@ What `up` starts, each as a child process whose id it records (in .cluster/state
 `cluster.env` holds what a driver needs, set the way a user sets them for an S3-compatible bucket:
 `RAY_ADDRESS`, the token variables, `STORAGE_PATH=s3://...`, `AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, `AWS_REGION`. `source cluster.env`, then run a notebook.
+
+`cluster.env`, `.cluster/state.json` and the token file are created readable by their owner only (0600).
+
+One run per state folder: `up` refuses while the processes of another run's cluster in the same folder
+are alive (`ClusterBusy`), and stops only what a run that is gone left behind: a run's state names the
+process that holds it (`make run CLUSTER=1`, a test session), and a cluster started by hand (`make
+cluster-up`) is held until `make cluster-down`.
 
 `down` signals the processes `up` recorded (checking each id's start time, so a reused id is never
 hit), waits, and kills only what is left of them and their children. It never runs `ray stop`,
@@ -37,11 +45,33 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent  # the venv's `ray` and `moto_server`
+BIN = Path(sys.executable).parent  # the venv's `ray`
 BUCKET = "llm-notebooks"
 PREFIX = "runs"
-# moto accepts any credentials and checks that requests are signed; a real bucket's keys go here.
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "llm-notebooks-key", "AWS_SECRET_ACCESS_KEY": "llm-notebooks-secret"}
+
+
+class ClusterBusy(RuntimeError):
+    """Another live run holds the state folder's cluster."""
+
+
+def _credentials() -> dict:
+    # moto accepts any credentials and checks that requests are signed. A new secret per cluster: one that
+    # shows up in a log or a results file is found by searching for it (tests/conftest.py does).
+    return {
+        "AWS_ACCESS_KEY_ID": "llm-notebooks-key",
+        "AWS_SECRET_ACCESS_KEY": f"llm-notebooks-{secrets.token_hex(16)}",
+    }
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner only, from the start (never world-readable for a moment), and
+    atomically (a reader sees the old or the new file whole)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # an older file of that name kept its mode
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def free_port() -> int:
@@ -86,7 +116,7 @@ def _alive_nodes(gcs_address: str, env: dict) -> int:
     return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
 
 
-def node_env(state_dir: Path, s3_port: int, base: dict | None = None) -> dict:
+def node_env(state_dir: Path, s3_port: int, credentials: dict, base: dict | None = None) -> dict:
     """The environment of every Ray node (and of a driver): token auth, bucket credentials, quiet Ray."""
     sys.path.insert(0, str(ROOT))
     from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
@@ -99,7 +129,7 @@ def node_env(state_dir: Path, s3_port: int, base: dict | None = None) -> dict:
         RAY_AUTH_TOKEN_PATH=str(state_dir / "auth_token"),
         AWS_ENDPOINT_URL=f"http://127.0.0.1:{s3_port}",
         AWS_REGION="us-east-1",
-        **CREDENTIALS,
+        **credentials,
         # With usage stats disabled, `ray start` still sends one "disabled" report; keep it on loopback.
         RAY_USAGE_STATS_ENABLED="0",
         RAY_USAGE_STATS_REPORT_URL="http://127.0.0.1:9/",
@@ -109,43 +139,88 @@ def node_env(state_dir: Path, s3_port: int, base: dict | None = None) -> dict:
     return env
 
 
+def _held(state: dict) -> str | None:
+    """Who holds a recorded cluster, if anyone: the live run that owns it, or, for a cluster started by
+    hand (no owner), its processes while any is alive. None: whatever started it is gone."""
+    owner = state.get("owner")
+    if owner and _running(owner):
+        return f"the run of process {owner['pid']} ({owner.get('command', '?')})"
+    if not owner and any(_running(r) for r in state.get("processes", [])):
+        return "a cluster started by hand (make cluster-up)"
+    return None
+
+
+def _claim(state_dir: Path, env_file: Path, held_by_caller: bool) -> dict:
+    """Take the state folder for a new cluster, or raise `ClusterBusy`; return the new state."""
+    import fcntl
+
+    import psutil
+
+    state_file = state_dir / "state.json"
+    with open(state_dir / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one claim at a time: the check and the new state together
+        if state_file.exists():
+            try:
+                old = json.loads(state_file.read_text())
+            except ValueError:
+                old = {}
+            holder = _held(old)
+            if holder:
+                raise ClusterBusy(
+                    f"the local cluster in {state_dir} is in use by {holder}, started "
+                    f"{time.strftime('%H:%M:%S', time.localtime(old.get('started', 0)))}. Wait for it to "
+                    f"finish, or stop it: python ci/local_cluster.py down --state {state_dir}"
+                )
+            down(state_dir, env_file, quiet=True)  # left by a run that is gone: only its own processes
+        me = psutil.Process()
+        owner = {"pid": me.pid, "create_time": me.create_time(), "command": " ".join(me.cmdline()[:3])}
+        state: dict = {"owner": owner if held_by_caller else None, "started": time.time(), "processes": []}
+        _write_private(state_file, json.dumps(state, indent=2))
+    return state
+
+
 def up(
     state_dir: Path = ROOT / ".cluster",
     env_file: Path = ROOT / "cluster.env",
     nodes: int = 2,
     cpus_per_node: int = 2,
     object_store_mb: int = 400,
+    held_by_caller: bool = True,
 ) -> dict:
-    """Start the S3 server, the bucket and `nodes` Ray nodes; write `env_file`; return the driver's variables."""
+    """Start the S3 server, the bucket and `nodes` Ray nodes; write `env_file`; return the driver's variables.
+
+    `held_by_caller`: the cluster belongs to this process's run, and a later `up` in the same folder may
+    stop it once this process is gone; False (`make cluster-up`): only `down` stops it.
+    """
     state_file = state_dir / "state.json"
-    if state_file.exists():
-        raise RuntimeError(f"a cluster is already up ({state_file}); stop it first: make cluster-down")
     state_dir.mkdir(parents=True, exist_ok=True)
+    state = _claim(state_dir, env_file, held_by_caller)
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
-    (state_dir / "auth_token").write_text(secrets.token_hex(32))
-    (state_dir / "auth_token").chmod(0o600)
+    _write_private(state_dir / "auth_token", secrets.token_hex(32))
     # Ray's sockets live under its temp dir and Unix socket paths are short: keep it under /tmp.
     # One per node, as on separate machines: each node's log monitor then forwards only its own workers' logs.
     temp_dirs = [tempfile.mkdtemp(prefix=f"llmnb-ray{i}-") for i in range(nodes)]
-    state: dict = {"processes": [], "temp_dirs": temp_dirs}
+    state["temp_dirs"] = temp_dirs
+    credentials = _credentials()
 
     def save() -> None:
-        state_file.write_text(json.dumps(state, indent=2))
+        _write_private(state_file, json.dumps(state, indent=2))
 
     started = time.perf_counter()
     try:
         s3_port = free_port()
-        env = node_env(state_dir, s3_port)
-        moto = _start([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)], logs / "s3.log", env)
+        env = node_env(state_dir, s3_port, credentials)
+        server = [sys.executable, str(ROOT / "ci" / "s3_server.py"), str(s3_port)]
+        moto = _start(server, logs / "s3.log", env)
         state["processes"].append(_record(moto, "s3"))
         save()
         _wait_for_port(s3_port, moto, "the S3 server", logs / "s3.log")
         import pyarrow.fs as pafs
 
         s3 = pafs.S3FileSystem(
-            access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            access_key=credentials["AWS_ACCESS_KEY_ID"],
+            secret_key=credentials["AWS_SECRET_ACCESS_KEY"],
             endpoint_override=f"127.0.0.1:{s3_port}",
             scheme="http",
             region="us-east-1",
@@ -188,18 +263,20 @@ def up(
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": env["RAY_AUTH_TOKEN_PATH"],
         "STORAGE_PATH": f"s3://{BUCKET}/{PREFIX}",
-        **CREDENTIALS,
+        **credentials,
         "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
         "AWS_REGION": env["AWS_REGION"],
     }
-    state.update(driver=driver, seconds_to_start=round(time.perf_counter() - started, 1))
+    # The secret stays in cluster.env alone (and in the nodes' environment).
+    shown = {k: v for k, v in driver.items() if k != "AWS_SECRET_ACCESS_KEY"}
+    state.update(driver=shown, seconds_to_start=round(time.perf_counter() - started, 1))
     save()
     lines = [
         "# Written by `make cluster-up` (ci/local_cluster.py). Source it, then run a notebook on the cluster:",
         '#   papermill notebooks/<nb>.ipynb out.ipynb -p SMOKE_TEST True -p STORAGE_PATH "$STORAGE_PATH"',
     ]
     lines += [f"export {k}={v}" for k, v in driver.items()]
-    env_file.write_text("\n".join(lines) + "\n")
+    _write_private(env_file, "\n".join(lines) + "\n")
     return driver
 
 
@@ -270,29 +347,61 @@ def status(state_dir: Path = ROOT / ".cluster") -> int:
     state = json.loads(state_file.read_text())
     for r in state["processes"]:
         print(f"{r['name']:>10}  pid {r['pid']:>7}  {'running' if _running(r) else 'NOT RUNNING'}")
-    print(json.dumps({k: v for k, v in state["driver"].items() if "SECRET" not in k}, indent=2))
+    print(json.dumps(state.get("driver", {}), indent=2))
     return 0 if all(_running(r) for r in state["processes"]) else 1
+
+
+# Where clusters are recorded: `make cluster-up`, `make run CLUSTER=1`, the test session.
+STATE_DIRS = (ROOT / ".cluster", ROOT / ".cluster-run", ROOT / "test-artifacts" / "cluster")
+
+
+def idle() -> int:
+    """0 if no local cluster of this project is running (`make clean` asks first: a cluster's Python lives
+    in .venv); else 1, naming it."""
+    running = 0
+    for state_dir in STATE_DIRS:
+        state_file = state_dir / "state.json"
+        if state_file.exists():
+            state = json.loads(state_file.read_text())
+            alive = [r for r in state.get("processes", []) if _running(r)]
+            if alive:
+                running += 1
+                pids = ", ".join(str(r["pid"]) for r in alive)
+                print(
+                    f"A local cluster is running (processes {pids}, recorded in {state_dir}). Stop it first: "
+                    f"python ci/local_cluster.py down --state {state_dir}",
+                    file=sys.stderr,
+                )
+    return 1 if running else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("command", choices=["up", "down", "status", "idle"])
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--cpus-per-node", type=int, default=2)
+    parser.add_argument("--state", type=Path, default=ROOT / ".cluster", help="the cluster's state folder")
     args = parser.parse_args()
+    env_file = ROOT / "cluster.env" if args.state == ROOT / ".cluster" else args.state / "cluster.env"
     if args.command == "up":
         start = time.perf_counter()
-        driver = up(nodes=args.nodes, cpus_per_node=args.cpus_per_node)
+        try:
+            driver = up(args.state, env_file, args.nodes, args.cpus_per_node, held_by_caller=False)
+        except ClusterBusy as exc:
+            print(f"Not started: {exc}", file=sys.stderr)
+            return 1
         print(
             f"Cluster up in {time.perf_counter() - start:.0f} s: {args.nodes} Ray nodes at {driver['RAY_ADDRESS']}"
         )
         print(f"bucket {driver['STORAGE_PATH']} on {driver['AWS_ENDPOINT_URL']}; variables in cluster.env:")
         print("  source cluster.env   # then run a notebook; `make cluster-down` stops everything")
         return 0
+    if args.command == "idle":
+        return idle()
     if args.command == "down":
-        down()
+        down(args.state, env_file)
         return 0
-    return status()
+    return status(args.state)
 
 
 if __name__ == "__main__":

@@ -352,6 +352,21 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def where_it_runs() -> str:
+    """Which cluster and storage the notebooks will use, from this shell's environment (an old
+    `source cluster.env` or a workspace's variables count), the credentials in a URI masked."""
+    sys.path.insert(0, str(ROOT))
+    from helpers.storage import redact
+
+    ray_address = os.environ.get("RAY_ADDRESS")
+    storage = os.environ.get("STORAGE_PATH")
+    cluster = f"the Ray cluster at RAY_ADDRESS={ray_address}" if ray_address else "a local Ray per notebook"
+    where = (
+        f"STORAGE_PATH={redact(storage)}" if storage else "each notebook's local folder (no STORAGE_PATH set)"
+    )
+    return f"Cluster: {cluster}. Checkpoints: {where}."
+
+
 def run(notebooks: list[Path], tag: str = "") -> int:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(var, "1")
@@ -362,6 +377,7 @@ def run(notebooks: list[Path], tag: str = "") -> int:
     run_dir.mkdir(parents=True)
     print(
         f"{len(notebooks)} notebook(s) in smoke mode: {', '.join(p.stem for p in notebooks)}\n"
+        f"{where_it_runs()}\n"
         f"Run folder: {_rel(run_dir)} (NAME.log there: everything a notebook printed)",
         flush=True,
     )
@@ -413,9 +429,12 @@ def main(argv: list[str] | None = None) -> int:
         import local_cluster
 
         state, env_file = ROOT / ".cluster-run", ROOT / ".cluster-run" / "cluster.env"
-        local_cluster.down(state, env_file, quiet=True)  # left over from an interrupted run
         start = time.perf_counter()
-        driver = local_cluster.up(state, env_file)
+        try:  # stops what an interrupted run left, never another live run's cluster
+            driver = local_cluster.up(state, env_file)
+        except local_cluster.ClusterBusy as exc:
+            print(f"Not started: {exc}", file=sys.stderr)
+            return 1
         print(
             f"Cluster up in {time.perf_counter() - start:.0f} s: 2 Ray nodes, bucket {driver['STORAGE_PATH']}"
         )

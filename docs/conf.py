@@ -53,6 +53,11 @@ nb_merge_streams = True  # one block of log lines per cell, in order, instead of
 if EXECUTE:
     # The kernels inherit the build's environment: smoke mode, and nothing fetched from a hub.
     os.environ["SMOKE_TEST"] = "1"
+    # A local Ray and each notebook's own storage: never a cluster, bucket or credentials from the shell,
+    # whose paths the pages would print.
+    from helpers.cluster import forget_outside_cluster
+
+    forget_outside_cluster()
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(var, "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .storage import redact
 from .validate import ParameterError, check_choice, check_int, check_positive
 
 __all__ = ["check_parameters", "check_cluster", "plan_for", "compare_plans", "full_scale", "NOTEBOOKS"]
@@ -279,7 +280,7 @@ def check_parameters(notebook: str, namespace: dict):
         check_max_positions("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], p["MODEL_NAME"])
         check_source_available("DATASET_NAME", p["DATASET_NAME"], "dataset")
     model = p["MODEL_NAME"].rstrip("/").split("/")[-1]
-    print(f"Parameters OK: {model} on {p['NUM_WORKERS']} workers, checkpoints in {p['STORAGE_PATH']}")
+    print(f"Parameters OK: {model} on {p['NUM_WORKERS']} workers, checkpoints in {redact(p['STORAGE_PATH'])}")
     return plan
 
 

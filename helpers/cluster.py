@@ -102,10 +102,9 @@ WORKER_ENV = {
 }
 
 # Ray does not pass the driver's environment to workers on other nodes. These Hugging Face settings,
-# where the driver has them, go to every worker with the job: the token for gated models
-# (meta-llama), where the cache lives, a mirror, and the offline switches.
+# where the driver has them, go to every worker with the job's environment variables: where the cache
+# lives, a mirror, and the offline switches.
 HUB_ENV_VARS = (
-    "HF_TOKEN",
     "HF_HOME",
     "HF_HUB_CACHE",
     "HF_ENDPOINT",
@@ -113,6 +112,48 @@ HUB_ENV_VARS = (
     "HF_DATASETS_OFFLINE",
     "TRANSFORMERS_OFFLINE",
 )
+
+
+# The Hub token (gated models: meta-llama) goes to every worker too, but never as an environment variable of
+# the job: Ray logs a job's runtime environment in full (runtime_env_agent.log, a world-readable file on
+# every node) and keeps it in the job table that the dashboard and `ray list jobs --detail` show. It
+# travels instead inside the job's worker setup hook (`_hub_token_hook`), a function Ray stores with the
+# job's other functions and runs in each worker process before any task.
+HUB_TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+# A cluster, storage and credentials that a shell can carry in (an old `source cluster.env`, an Anyscale
+# workspace's variables): the test suite and the docs build start without any of them, so that they never
+# write to a user's storage, attach to a user's cluster, or print either into a page.
+OUTSIDE_ENV_VARS = (
+    "RAY_ADDRESS",
+    "STORAGE_PATH",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    *HUB_TOKEN_VARS,
+)
+OUTSIDE_ENV_PREFIXES = ("AWS_",)
+
+
+def forget_outside_cluster(environ=os.environ) -> list[str]:
+    """Remove `OUTSIDE_ENV_VARS` and every `AWS_*` variable from `environ`; return their names."""
+    names = [k for k in environ if k in OUTSIDE_ENV_VARS or k.startswith(OUTSIDE_ENV_PREFIXES)]
+    for name in names:
+        del environ[name]
+    return names
+
+
+def _hub_token_hook(token: str, var: str):
+    """A `worker_process_setup_hook` that sets the Hub token in a worker's environment."""
+
+    def set_hub_token() -> None:
+        import os
+
+        os.environ[var] = token
+
+    return set_hub_token
 
 
 def quiet_deepspeed_on_cpu() -> None:
@@ -211,9 +252,12 @@ def worker_log_path() -> str | None:
 def job_runtime_env(attach: bool) -> dict:
     """The Ray runtime environment of a notebook's job: what every worker, on every node, gets.
 
-    - `env_vars`: `WORKER_ENV` (quiet progress bars, the GPU allocator's setting), the driver's Hugging Face settings (`HUB_ENV_VARS`), and its collective
-      communication settings (`NCCL_*`, `TORCH_NCCL_*`, and libfabric's `FI_*` for EFA instances): set in the
-      notebook, they would otherwise reach no worker on another node.
+    - `env_vars`: `WORKER_ENV` (quiet progress bars, the GPU allocator's setting), the driver's Hugging Face
+      settings (`HUB_ENV_VARS`), and its collective communication settings (`NCCL_*`, `TORCH_NCCL_*`, and
+      libfabric's `FI_*` for EFA instances): set in the notebook, they would otherwise reach no worker on
+      another node.
+    - `worker_process_setup_hook`, where the driver has a Hub token (`HF_TOKEN`): sets it in each worker
+      process, so that it is in no log and no job table (see `HUB_TOKEN_VARS`).
     - `py_modules` (when attaching to a cluster): this `helpers` package, uploaded with the job, so
       that training functions can import it on nodes where the project is not installed.
     """
@@ -222,6 +266,9 @@ def job_runtime_env(attach: bool) -> dict:
     env_vars = {**WORKER_ENV, **{v: os.environ[v] for v in HUB_ENV_VARS if v in os.environ}}
     env_vars.update({k: v for k, v in os.environ.items() if k.startswith(COMMUNICATION_ENV_PREFIXES)})
     runtime_env: dict = {"env_vars": env_vars}
+    token = next(((v, os.environ[v]) for v in HUB_TOKEN_VARS if os.environ.get(v)), None)
+    if token:
+        runtime_env["worker_process_setup_hook"] = _hub_token_hook(token[1], token[0])
     if attach:
         runtime_env["py_modules"] = [helpers]
     return runtime_env

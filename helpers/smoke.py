@@ -10,6 +10,7 @@ import ast
 import difflib
 import json
 
+from .storage import redact
 from .validate import ParameterError
 
 __all__ = [
@@ -118,7 +119,7 @@ def parameter_values(namespace: dict) -> dict:
             json.dumps(value)
         except TypeError:
             value = str(value)
-        values[name] = value
+        values[name] = redact(value)  # a URI's credentials never reach a results file
     return values
 
 
@@ -151,7 +152,7 @@ def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
     _replaced_defaults.update({name: table[name][0] for name in replaced})
 
     def short(value) -> str:
-        text = repr(value)
+        text = repr(redact(value))
         return text if len(text) <= 40 else "..." + text[-37:]
 
     width = max(map(len, table), default=0)

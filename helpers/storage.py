@@ -16,6 +16,7 @@ import contextlib
 import copy
 import io
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from pathlib import Path
 from .validate import ParameterError
 
 __all__ = [
+    "redact",
     "check_storage_path",
     "check_storage_from_nodes",
     "uri",
@@ -40,6 +42,22 @@ SCHEMES = "a local or NFS folder, s3://bucket/prefix, gs://bucket/prefix or hdfs
 
 def is_uri(path: str) -> bool:
     return "://" in str(path)
+
+
+# `scheme://user:secret@bucket/...`: pyarrow reads credentials from a URI's user part. The secret may hold
+# a "/" (AWS secret keys do), so the user part is whatever precedes the first "@" if it has a ":" or no "/".
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<user>[^@]*)@(?P<rest>.*)$", re.DOTALL)
+
+
+def redact(value):
+    """`value` with any credentials in a URI's user part replaced by `***` (`s3://***@bucket/prefix`); the
+    bucket and prefix stay readable. Anything else is returned as it is."""
+    if not isinstance(value, str):
+        return value
+    match = _USERINFO.match(value)
+    if not match or ("/" in match["user"] and ":" not in match["user"]):
+        return value
+    return f"{match['scheme']}://***@{match['rest']}"
 
 
 def _write_probe(fs, path: str) -> None:
@@ -87,6 +105,13 @@ def check_storage_path(name: str, value: str) -> str:
 
     if not isinstance(value, str) or not value:
         raise ParameterError(f"{name}={value!r}: must be {SCHEMES}.")
+    if redact(value) != value:
+        raise ParameterError(
+            f"{name}={redact(value)!r}: credentials in the URI are not accepted: Ray and pyarrow would repeat "
+            "them in logs, results and the job's records. Remove them, and give every node the bucket's "
+            "credentials instead: instance credentials, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in "
+            "each node's environment (for gs://, GOOGLE_APPLICATION_CREDENTIALS)."
+        )
     if not is_uri(value) or value.startswith("file://"):
         folder = Path(value.removeprefix("file://")).expanduser().absolute()
         parent = next(p for p in [folder, *folder.parents] if p.exists())

@@ -18,10 +18,13 @@ from types import MappingProxyType
 import pytest
 from notebook_runs import (
     ARTIFACTS,
+    CANARY_HF_TOKEN,
+    CANARY_STORAGE_SECRET,
     GUARD_LOG,
     ROOT,
     LabRun,
     jupyterlab_run,
+    secret_leaks,
     smoke_nbval,
     start_cluster,
     stop_cluster,
@@ -50,9 +53,12 @@ def pytest_configure(config):
         PYTHONPATH=os.pathsep.join(filter(None, [offline, os.environ.get("PYTHONPATH")])),
     )
     os.environ.setdefault("LLM_NOTEBOOKS_CACHE", str(ROOT / ".cache" / "test"))
-    # Never a cluster or bucket from outside: the ray_cluster fixture's, or none.
-    for var in ("RAY_ADDRESS", "STORAGE_PATH", "AWS_ENDPOINT_URL", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
-        os.environ.pop(var, None)
+    # Never a cluster, bucket or credentials from outside: the ray_cluster fixture's, or none. The Hub
+    # token is a canary instead (the Hub is offline): no file the session writes may contain it.
+    from helpers.cluster import forget_outside_cluster
+
+    forget_outside_cluster()
+    os.environ["HF_TOKEN"] = CANARY_HF_TOKEN
     os.environ.pop("SMOKE_TEST", None)  # each test says which mode it runs
 
     for folder in (str(ROOT / "ci"), offline):  # ci/local_cluster.py; the guard
@@ -95,10 +101,18 @@ def ray_cluster():
     ids it recorded (never `ray stop`, which would stop every Ray on the machine).
     """
     driver = start_cluster()
+    secrets = {
+        "HF_TOKEN": CANARY_HF_TOKEN,
+        "AWS_SECRET_ACCESS_KEY": driver["AWS_SECRET_ACCESS_KEY"],  # a new one per cluster
+        "STORAGE_PATH's secret": CANARY_STORAGE_SECRET,
+    }
     try:
         yield MappingProxyType(driver)  # read-only: one cluster for every test
+        # Every log of both nodes, before they go: no secret the session had may be in any file it wrote.
+        leaks = secret_leaks(secrets)
     finally:
         stop_cluster()
+    assert not leaks, "secrets written to files:\n" + "\n".join(leaks)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,10 @@ ARTIFACTS = ROOT / "test-artifacts"
 GUARD_LOG = ARTIFACTS / "offline-guard.log"  # the offline guard's record (see conftest.py and ci/offline)
 CLUSTER_DIR = ARTIFACTS / "cluster"
 LOSSES = Path(__file__).resolve().parent / "assets" / "losses"
+# Canaries: a Hub token (conftest sets it as the session's HF_TOKEN; the Hub is offline) and the secret of
+# a STORAGE_PATH that carries credentials (test_bad_input.py). No file the session writes may hold them.
+CANARY_HF_TOKEN = f"hf_canary{uuid.uuid4().hex}"
+CANARY_STORAGE_SECRET = f"canarysecret{uuid.uuid4().hex}"
 
 
 # ---- the test cluster ------------------------------------------------------------------------
@@ -58,15 +63,37 @@ def start_cluster() -> dict:
     to it through `RAY_ADDRESS` and the token, and keep their checkpoints in the bucket (`STORAGE_PATH`).
     The `ray_cluster` fixture (conftest.py) calls this once per session, when a test first needs it.
     """
-    local_cluster = _local_cluster()
-    local_cluster.down(CLUSTER_DIR, CLUSTER_DIR / "cluster.env", quiet=True)  # a session that was cut off
-    return local_cluster.up(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
+    # Stops what a session that was cut off left behind; refuses (ClusterBusy) while another live session
+    # holds the cluster in CLUSTER_DIR.
+    return _local_cluster().up(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
 
 
 def stop_cluster() -> None:
     """Stop the test cluster by the process ids `start_cluster` recorded (never `ray stop`, which would
     stop every Ray on the machine)."""
     _local_cluster().down(CLUSTER_DIR, CLUSTER_DIR / "cluster.env", quiet=True)
+
+
+def secret_leaks(secrets: Mapping[str, str]) -> list[str]:
+    """`path: name` for every file that holds one of `secrets` ({name: value}) under the test cluster's Ray
+    session folders (every node's logs, the job's files), its own folder and test-artifacts/ (executed
+    notebooks, results, JupyterLab's logs). The cluster's cluster.env, readable by its owner only, is the
+    one file meant to hold the bucket's secret; it is searched for the others."""
+    state = json.loads((CLUSTER_DIR / "state.json").read_text())
+    found = []
+    for root in [*map(Path, state.get("temp_dirs", [])), ARTIFACTS]:
+        for path in root.rglob("*"):
+            if path.is_symlink() or not path.is_file():
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            for name, value in secrets.items():
+                meant = path == CLUSTER_DIR / "cluster.env" and name == "AWS_SECRET_ACCESS_KEY"
+                if value.encode() in data and not meant:
+                    found.append(f"{path}: {name}")
+    return found
 
 
 def notebook_env(cluster: Mapping[str, str]) -> dict:
@@ -85,11 +112,13 @@ def execute(
     cluster: Mapping[str, str],
     timeout: int = 600,
     set_env: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[dict | None, float, Exception | None]:
     """Run notebooks/<name>.ipynb with papermill on `cluster`; return (results JSON, wall seconds, error).
 
     `set_env=False`: the caller has set the cluster's variables in `os.environ` already (and runs
-    several of these at once, which must not change the environment under each other).
+    several of these at once, which must not change the environment under each other). `env`: more
+    variables for the kernel, after the cluster's (with `set_env` only).
     """
     import papermill
 
@@ -101,7 +130,7 @@ def execute(
         assert os.environ.get("RAY_ADDRESS") == cluster["RAY_ADDRESS"], "set the cluster's variables first"
     saved = dict(os.environ)
     if set_env:
-        os.environ.update(cluster)  # the kernel inherits them
+        os.environ.update({**cluster, **(env or {})})  # the kernel inherits them
     start = time.perf_counter()
     error = None
     try:

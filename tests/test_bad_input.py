@@ -6,7 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from notebook_runs import ARTIFACTS, execute
+from notebook_runs import ARTIFACTS, CANARY_STORAGE_SECRET, execute
 
 import helpers
 
@@ -318,3 +318,26 @@ def test_full_scale_defaults_pass_the_plan_offline(notebook):
         if o["output_type"] == "stream"
     )
     assert "It fits: " + FULL_SCALE_PLANS[notebook] in printed, printed
+
+
+@pytest.mark.timeout(120)
+def test_credentials_in_storage_path_are_refused_without_repeating_them(ray_cluster):
+    # Given as a user sets it, in the environment: a bucket URI with keys in it (the secret has a "/", as
+    # AWS secret keys can). Refused, naming STORAGE_PATH with the bucket and prefix readable and the
+    # credentials masked: in the error, the smoke-mode table and the executed notebook.
+    uri = f"s3://canarykey:{CANARY_STORAGE_SECRET}/x@llm-notebooks/runs"
+    _, wall, error = execute(
+        "gpt2_deepspeed",
+        {"SMOKE_TEST": True},
+        "bad-storage_credentials",
+        cluster=ray_cluster,
+        timeout=120,
+        env={"STORAGE_PATH": uri},
+    )
+    assert getattr(error, "ename", None) == "ParameterError", error
+    assert "STORAGE_PATH='s3://***@llm-notebooks/runs'" in error.evalue, error.evalue
+    assert "credentials in the URI" in error.evalue and "AWS_SECRET_ACCESS_KEY" in error.evalue
+    executed = (ARTIFACTS / "notebooks" / "gpt2_deepspeed-bad-storage_credentials.ipynb").read_text()
+    assert "s3://***@llm-notebooks/runs" in executed  # the smoke-mode table: "yours, kept"
+    assert CANARY_STORAGE_SECRET not in executed and "canarykey" not in executed
+    assert wall < 60

@@ -1,7 +1,9 @@
 """The test cluster itself (ci/local_cluster.py, `make cluster-up`): what the notebook runs rely on.
 
 Token authentication is on and keeps out a client without the token; `helpers.start_ray` ships the
-`helpers` package and the driver's Hugging Face settings to workers on every node.
+`helpers` package and the driver's Hugging Face settings to workers on every node, the Hub token by a path
+that no log or job table shows. The cluster keeps its secrets in owner-only files, its S3 server answers
+no web page, a second run cannot take it over, and `make clean` touches nothing outside the project.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from notebook_runs import ROOT, notebook_env
+from notebook_runs import CLUSTER_DIR, ROOT, filesystem, notebook_env, secret_leaks
 
 
 def _driver(code: str, env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -71,9 +73,17 @@ print(json.dumps(ray.get([probe.options(scheduling_strategy=NodeAffinityScheduli
 """
     # The nodes were started without these variables: only the driver has them.
     assert not {k for k in hub if k in ray_cluster}
+    code += """
+from ray._private.state import state
+jobs = state._connect_and_get_accessor().get_job_table(
+    skip_submission_job_info_field=False, skip_is_running_tasks_field=True
+)  # each: the JobTableData protobuf, the job's runtime environment included
+import os  # the values from the environment: this code, the job's entrypoint, is in the table too
+print(json.dumps({k: any(os.environ[v].encode() in job for job in jobs) for k, v in (("token", "HF_TOKEN"), ("endpoint", "HF_ENDPOINT"))}))
+"""
     proc = _driver(code, {**notebook_env(ray_cluster), **hub})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    workers = json.loads(proc.stdout.strip().splitlines()[-1])
+    workers = json.loads(proc.stdout.strip().splitlines()[-2])
     assert len({w["node"] for w in workers}) == 2
     editable = str(ROOT / "helpers")
     for worker in workers:
@@ -81,3 +91,92 @@ print(json.dumps(ray.get([probe.options(scheduling_strategy=NodeAffinityScheduli
         # The job's copy (runtime_resources/py_modules_files/...), not the project's editable install.
         assert "py_modules_files" in worker["helpers"] and not worker["helpers"].startswith(editable), worker
     assert os.environ.get("HF_TOKEN") != "hf_test_token"
+    # Every worker had the token, and yet it is in no file of either node (Ray logs a job's runtime
+    # environment, env_vars included, in runtime_env_agent.log) and not in the job table that the
+    # dashboard and `ray list jobs --detail` show: it travelled in the job's worker setup hook.
+    # (The job table does hold the job's environment variables: HF_ENDPOINT is there.)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"token": False, "endpoint": True}
+    assert secret_leaks({"HF_TOKEN": "hf_test_token"}) == []
+
+
+def test_secret_bearing_files_are_the_owners_alone(ray_cluster, tmp_path):
+    import local_cluster
+
+    for name in ("cluster.env", "state.json", "auth_token"):
+        assert (CLUSTER_DIR / name).stat().st_mode & 0o777 == 0o600, name
+    # The bucket's secret is in cluster.env only, not in the state file that `status` reads.
+    assert ray_cluster["AWS_SECRET_ACCESS_KEY"] not in (CLUSTER_DIR / "state.json").read_text()
+    # An older file of the same name, readable by all, is replaced by an owner-only one.
+    old = tmp_path / "cluster.env"
+    old.write_text("old")
+    old.chmod(0o644)
+    local_cluster._write_private(old, "new")
+    assert old.read_text() == "new" and old.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_s3_server_answers_no_web_page(ray_cluster):
+    import urllib.error
+    import urllib.request
+
+    import pyarrow.fs as pafs
+
+    endpoint = ray_cluster["AWS_ENDPOINT_URL"]
+    port = endpoint.rsplit(":", 1)[1]
+
+    def status(method: str, path: str, headers: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(endpoint + path, method=method, headers=headers)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, not the tripwire
+        try:
+            with opener.open(request, timeout=10) as response:
+                return response.status, dict(response.headers)
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers)
+
+    # A page's preflight for a DELETE: refused, and no CORS header would let the page read an answer.
+    code, headers = status(
+        "OPTIONS",
+        "/llm-notebooks",
+        {"Origin": "http://evil.example", "Access-Control-Request-Method": "DELETE"},
+    )
+    assert code == 403 and not any(h.lower().startswith("access-control") for h in headers), headers
+    # moto's reset endpoint (a form a page can post without a preflight), and a rebound host name.
+    assert status("POST", "/moto-api/reset", {})[0] == 403
+    assert status("GET", "/llm-notebooks", {"Host": f"evil.example:{port}"})[0] == 403
+    # The bucket is still there, and an S3 client still reads it.
+    fs, _ = filesystem(ray_cluster["STORAGE_PATH"], ray_cluster)
+    assert fs.get_file_info("llm-notebooks").type == pafs.FileType.Directory
+
+
+def test_a_second_run_is_refused_and_the_first_goes_on(ray_cluster):
+    # This session holds the test cluster; another run (here a second process) that starts one in the same
+    # folder is refused, naming the holder, instead of stopping this one's nodes and bucket.
+    code = (
+        "import sys; sys.path.insert(0, 'ci'); import local_cluster;"
+        f"local_cluster.up(local_cluster.Path({str(CLUSTER_DIR)!r}), local_cluster.Path({str(CLUSTER_DIR / 'cluster.env')!r}))"
+    )
+    second = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode != 0 and "ClusterBusy" in second.stderr, second.stderr[-2000:]
+    assert f"in use by the run of process {os.getpid()}" in second.stderr
+    nodes = _driver(
+        "import ray; ray.init(logging_level='ERROR');print(sum(1 for n in ray.nodes() if n['Alive']))",
+        notebook_env(ray_cluster),
+    )
+    assert nodes.stdout.strip().splitlines()[-1] == "2", nodes.stderr[-2000:]
+
+
+def test_make_clean_touches_only_the_project_and_waits_for_the_cluster(ray_cluster, tmp_path):
+    # From another folder (here a fresh one), every path `make clean` would delete is the project's.
+    dry = subprocess.run(
+        ["make", "-n", "-f", str(ROOT / "Makefile"), "clean"], cwd=tmp_path, capture_output=True, text=True
+    )
+    removes = [line for line in dry.stdout.splitlines() if line.startswith("rm ")]
+    assert len(removes) == 1, dry.stdout
+    targets = [t.strip('"') for t in removes[0].split()[2:]]
+    assert targets and all(t.startswith(str(ROOT) + "/") for t in targets), targets
+    # While this session's cluster runs from .venv, `make clean` stops at its first line, naming it.
+    idle = subprocess.run(
+        [sys.executable, str(ROOT / "ci" / "local_cluster.py"), "idle"], capture_output=True, text=True
+    )
+    assert idle.returncode == 1 and str(CLUSTER_DIR) in idle.stderr, idle.stderr

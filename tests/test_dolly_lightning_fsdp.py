@@ -152,7 +152,7 @@ def test_checkpoint_is_sharded_with_every_ranks_shard_in_the_bucket(smoke_run, r
     ]
     assert len(changed) > 0.9 * len(initial.state_dict()), "the checkpoint holds the initial weights"
     with fs.open_input_file(f"{path}/meta.pt") as f:
-        meta = torch.load(f, weights_only=False)
+        meta = torch.load(f, weights_only=True)
     assert meta["hyper_parameters"]["model_name"] == model_name
     assert meta["tutorial"]["step_losses"] == pytest.approx(results["losses"])
 

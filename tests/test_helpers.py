@@ -316,3 +316,16 @@ def test_cpus_per_worker_must_fit_the_nodes_of_the_cluster():
     helpers.checks._check_cpus_per_worker({**p, "CPUS_PER_WORKER": 10})
     with pytest.raises(helpers.ParameterError, match="CPUS_PER_WORKER=0"):
         helpers.checks._check_cpus_per_worker({**p, "CPUS_PER_WORKER": 0})
+
+
+def test_redact_masks_a_uris_credentials_and_keeps_the_bucket():
+    from helpers.storage import redact
+
+    assert redact("s3://AKIA:se/cr+et@bucket/prefix") == "s3://***@bucket/prefix"
+    assert redact("s3://AKIA@bucket") == "s3://***@bucket"
+    assert redact("hdfs://user:pw@namenode:8020/runs") == "hdfs://***@namenode:8020/runs"
+    for unchanged in ("s3://bucket/prefix", "s3://bucket/run@2026/x", "/mnt/cluster_storage/", 4):
+        assert redact(unchanged) == unchanged
+    with pytest.raises(helpers.ParameterError) as refused:
+        helpers.check_storage_path("STORAGE_PATH", "s3://AKIA:se/cr+et@bucket/prefix")
+    assert "STORAGE_PATH='s3://***@bucket/prefix'" in str(refused.value) and "cr+et" not in str(refused.value)

@@ -104,7 +104,7 @@ def test_sharded_checkpoint_holds_the_consolidated_weights(smoke_run, ray_cluste
     assert listing(sharded_uri, ray_cluster) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     sharded = fetch(sharded_uri, tmp_path / "sharded", ray_cluster)
     dcp_to_torch_save(sharded, tmp_path / "full.pt")  # reassembled in one process, no process group
-    full = torch.load(tmp_path / "full.pt", weights_only=False)
+    full = torch.load(tmp_path / "full.pt", weights_only=True)
     assert set(full) == {"model", "optim"}
     consolidated = load_file(
         fetch(results["consolidated_path"], tmp_path / "consolidated", ray_cluster) / "model.safetensors"

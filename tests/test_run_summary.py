@@ -438,3 +438,17 @@ def test_execute_streams_progress_and_keeps_everything(tmp_path, capfd):
     assert "SMOKE_TEST = True" in injected[0].source and str(out / "tiny.json") in injected[0].source
     assert executed.cells[-1].outputs[0]["ename"] == "ValueError"
     assert json.loads((out / "tiny.json").read_text())["losses"][-1] == 0.2
+
+
+def test_make_run_says_which_cluster_and_storage_it_uses(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("STORAGE_PATH", raising=False)
+    assert run_notebooks.where_it_runs() == (
+        "Cluster: a local Ray per notebook. Checkpoints: each notebook's local folder (no STORAGE_PATH set)."
+    )
+    # A shell that still has an old cluster's variables: said plainly, the URI's credentials masked.
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    monkeypatch.setenv("STORAGE_PATH", "s3://KEY:SECRET@team-bucket/runs")
+    assert run_notebooks.where_it_runs() == (
+        "Cluster: the Ray cluster at RAY_ADDRESS=10.0.0.5:6379. Checkpoints: STORAGE_PATH=s3://***@team-bucket/runs."
+    )
