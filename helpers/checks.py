@@ -177,6 +177,7 @@ def _plan_llama(p: dict) -> dict:
         foreach_optimizer=False,  # the training function's AdamW(foreach=False)
         separate_embeddings=True,  # shard_model wraps the embeddings and the head as FSDP units of their own
         reduce_bytes=2,  # MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+        lora_rank=p.get("LORA_RANK", 0),  # > 0: adapters over a frozen bf16 base ("Going further: LoRA")
         fixes={
             "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN, "
             "or set USE_GRADIENT_CHECKPOINTING=True.",
@@ -302,3 +303,80 @@ def check_cluster(notebook: str, namespace: dict) -> None:
         else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
             where += "; no node to fetch the weights on yet: rank 0 will download them itself"
     print(f"Cluster OK: room for {p['NUM_WORKERS']} workers{where}")
+
+
+# ---- the cheapest cluster that fits: each instance type, full fine-tuning against LoRA ------------------
+
+# Model FLOPs utilization for the time estimates: the only figure measured for this recipe is the Hugging
+# Face post's own run, 500 steps of 16 x 2,048 tokens of Llama 2 70B on 16 A100-80GB (312 TFLOP/s dense
+# bf16 each) in about 13.5 hours: 6 x 69.0e9 x 16.4e6 model FLOPs in 13.5 h, 2.8 % MFU. Well-tuned FSDP
+# runs of 70B models report 35-45 % (e.g. the Llama 3 paper, 38-43 % on H100s): every estimated time
+# would then shrink by the same factor, and the order of the table would not change. (No GPU has run this
+# notebook's full scale yet; `results["mfu"]` is where a measured figure will come from.)
+POST_MFU = 6 * 68_976_648_192 * 500 * 16 * 2048 / (13.5 * 3600 * 16 * 312e12)
+# The GPUs of the price table, as Lightning's FLOPs table names them (dense bf16 peak per GPU).
+_FLOPS_NAMES = {"T4": "t4", "A10G": "a10g", "A100-40GB": "a100", "A100-80GB": "a100", "H100-80GB": "h100 sxm"}
+
+
+def _bf16_peak(gpu: str) -> float | None:
+    import torch
+    from lightning.fabric.utilities.throughput import _CUDA_FLOPS
+
+    return _CUDA_FLOPS.get(_FLOPS_NAMES.get(gpu, ""), {}).get(torch.bfloat16)
+
+
+def cheapest_shapes(notebook: str, p: dict, lora_rank: int = 16, mfu: float = POST_MFU, max_nodes: int = 32):
+    """For each GPU instance type with a price (`helpers.cost.INSTANCE_PRICES`): the fewest nodes on which
+    `notebook`'s run with parameters `p` fits, for full fine-tuning and for LoRA at `lora_rank`, with the
+    price per hour, and an estimated wall time and cost of `MAX_STEPS` steps; sorted by cost.
+
+    The memory columns are the "will it fit?" plan's (the shard and gradient figures checked against real
+    shards on CPU, `tests/test_plan.py` and the notebooks' tests). Time and cost are estimates: the same
+    training as `p` (its global batch of NUM_WORKERS x BATCH_SIZE_PER_WORKER x GRADIENT_ACCUMULATION_STEPS
+    sequences, MAX_STEPS times) at `mfu` (`POST_MFU`: the post's run) of the GPUs' dense bf16 peak
+    (Lightning's table); model FLOPs of
+    6 x params per token for full fine-tuning, 4 x params for LoRA (no weight gradients for the frozen base).
+    """
+    import pandas as pd
+
+    from .cost import INSTANCE_PRICES
+    from .plan import NODE_TYPES, model_config, model_size
+
+    params = model_size(model_config(p["MODEL_NAME"])).params
+    sequences = p["NUM_WORKERS"] * p["BATCH_SIZE_PER_WORKER"] * p.get("GRADIENT_ACCUMULATION_STEPS", 1)
+    tokens = p["MAX_STEPS"] * sequences * p["MAX_SEQ_LEN"]
+    rows = []
+    for name, node in NODE_TYPES.items():
+        if not node.gpus or name not in INSTANCE_PRICES or not node.bf16:
+            continue  # no price to compare, or no bf16 (T4s): the recipe computes in bf16
+        peak = _bf16_peak(node.gpu)
+        for method, rank, flops_per_token in (("full", 0, 6), (f"LoRA r={lora_rank}", lora_rank, 4)):
+            for count in range(1, max_nodes + 1):
+                shape = {**p, "CLUSTER": {name: count}, "NUM_WORKERS": count * node.gpus, "LORA_RANK": rank}
+                plan = plan_for(notebook, shape)
+                if all(r.status != "too big" for r in plan.rows):
+                    break
+            else:
+                too_big = ", ".join(r.what for r in plan.rows if r.status == "too big")
+                rows.append(
+                    {"instance": name, "method": method, "nodes": f"> {max_nodes}", "too big": too_big}
+                )
+                continue
+            gpus = count * node.gpus
+            hours = flops_per_token * params * tokens / (gpus * peak * mfu) / 3600 if peak else None
+            price = count * INSTANCE_PRICES[name]
+            rows.append(
+                {
+                    "instance": name,
+                    "method": method,
+                    "nodes": count,
+                    "GPUs": f"{gpus} x {node.gpu}",
+                    "USD per hour": round(price, 2),
+                    "hours (estimate)": None if hours is None else round(hours, 1),
+                    "USD (estimate)": None if hours is None else round(hours * price),
+                    "GPU memory (plan)": f"{plan.rows[0].share:.0%}",
+                    "too big": "",
+                }
+            )
+    table = pd.DataFrame(rows).sort_values("USD (estimate)", na_position="last", kind="stable")
+    return table.set_index(["instance", "method"])

@@ -40,6 +40,13 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
   sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
   79.2 GiB on an "80 GB" A100 or H100.
 
+LoRA (`lora_rank` > 0, FSDP only): the base model is frozen and kept in bf16, 2 P / N per GPU, with no
+gradients, no moments and no fp32 master copy; the adapters (A, counted by `peft` on the `meta` model)
+are trained as the full model is, 16 A / N. A layer is gathered with its adapters; only the adapters have
+gradients to reduce-scatter; the activations are those of full fine-tuning (the frozen weights still pass
+gradients back to every layer's input). Rank 0 loads the base in bf16. A checkpoint holds the adapters
+and their moments, 12 A.
+
 A row fails when the need exceeds what the node has and warns above 85 %: these are estimates (about
 10 % either way).
 """
@@ -66,6 +73,8 @@ __all__ = [
     "generation_memory_bytes",
     "local_node",
     "state_bytes",
+    "LORA_TARGETS",
+    "lora_size",
 ]
 
 GiB = 1024**3
@@ -167,6 +176,41 @@ def _size_of(config_json: str) -> ModelSize:
 def model_size(config) -> ModelSize:
     """Parameter counts of `config`'s causal LM, built on the `meta` device (no weights)."""
     return _size_of(config.to_json_string(use_diff=False))
+
+
+# The projections LoRA adapts: attention and MLP, as the anyscale templates, torchtune and the PEFT
+# docs do for Llama ("all linear layers" but the head).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraSize:
+    params: int  # adapter elements (A and B of every targeted projection)
+    largest_layer: int  # adapter elements of the largest transformer block
+    largest_tensor: int
+
+
+@functools.lru_cache(maxsize=16)
+def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...]) -> LoraSize:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**json.loads(config_json))
+    with torch.device("meta"):
+        model = get_peft_model(
+            AutoModelForCausalLM.from_config(config),
+            LoraConfig(r=rank, target_modules=list(targets), task_type="CAUSAL_LM"),
+        )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
+    per_block = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in blocks]
+    return LoraSize(sum(p.numel() for p in trainable), max(per_block), max(p.numel() for p in trainable))
+
+
+def lora_size(config, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> LoraSize:
+    """Adapter parameter counts of LoRA at `rank` on `config`'s causal LM, as `peft` builds them on `meta`."""
+    return _lora_size_of(config.to_json_string(use_diff=False), rank, tuple(targets))
 
 
 def generation_memory_bytes(model_name: str, dtype_bytes: int, on_gpu: bool) -> int:
@@ -310,6 +354,7 @@ def plan_training(
     foreach_optimizer: bool = True,
     separate_embeddings: bool = False,
     reduce_bytes: int = 4,
+    lora_rank: int = 0,
     fixes: dict[str, str],
 ) -> Plan:
     """Plan a run. `cluster`: {node type: count} of `NODE_TYPES`, or None for this machine's CPU workers.
@@ -323,7 +368,8 @@ def plan_training(
     consolidated model rank 0 writes at the end (0: none). foreach_optimizer: AdamW's default
     implementation (see the module doc). separate_embeddings: FSDP wraps the embeddings and the head
     as units of their own (see the module doc). reduce_bytes: bytes per element
-    of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). fixes: what to suggest, per row kind:
+    of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). lora_rank: > 0 trains LoRA
+    adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP only; see the module doc). fixes: what to suggest, per row kind:
     "gpu", "host", "disk".
     """
     config = model_config(model_name)
@@ -354,25 +400,35 @@ def plan_training(
         node, per_node, nodes = local_node(), n, 1
         device_have, act_bytes = node.memory // n, 4  # CPU workers share this machine's RAM
 
+    lora = lora_size(config, lora_rank) if lora_rank else None
+    if lora and sharding != "fsdp":
+        raise ValueError("lora_rank needs sharding='fsdp'")
     details: dict[str, int] = {"params": p, "largest_layer": size.largest_layer}
+    if lora:
+        details["lora_params"] = lora.params
     activations = _activations(size, batch_size, seq_len, act_bytes, activation_checkpointing)
     logits = batch_size * seq_len * size.vocab * (2 + 4 + 4)
     activations_and_logits = activations + logits
     host = 0  # per node, beyond the workers' processes
     if sharding == "fsdp":
         offloaded = offload != "none"
-        details["param_bytes_per_rank"] = 4 * p // n
-        details["optimizer_bytes_per_rank"] = 8 * p // n
-        details["grad_bytes_per_rank"] = 4 * p // n  # fp32, reduce-scattered every micro-step
-        shards = 16 * p // n  # fp32 weights, gradients and AdamW moments: this rank's share
+        # What is trained: the whole model, or (LoRA) the adapters over a frozen bf16 base.
+        trained, trained_layer = (lora.params, lora.largest_layer) if lora else (p, size.largest_layer)
+        trained_tensor = lora.largest_tensor if lora else size.largest_tensor
+        base = 2 * p if lora else 0  # the frozen base's bf16 shards
+        details["param_bytes_per_rank"] = (base + 4 * trained) // n
+        details["optimizer_bytes_per_rank"] = 8 * trained // n
+        details["grad_bytes_per_rank"] = 4 * trained // n  # fp32, reduce-scattered every micro-step
+        shards = (base + 16 * trained) // n  # fp32 weights, gradients and AdamW moments: this rank's share
         # Forward/backward: two layers gathered, and the root unit; one layer's gradients, whole, in the
         # gathered dtype and in fp32 for the reduce-scatter; the root's gradients, whole until the end.
         root = size.largest_tensor if separate_embeddings else size.root
-        root_grads = 0 if separate_embeddings else size.root * gather_bytes
-        layer_grads = (gather_bytes + reduce_bytes) * size.largest_layer
-        working = (2 * size.largest_layer + root) * gather_bytes + layer_grads + root_grads
+        root_grads = 0 if separate_embeddings or lora else size.root * gather_bytes  # LoRA: frozen
+        layer_grads = (gather_bytes + reduce_bytes) * trained_layer
+        layer = size.largest_layer + (lora.largest_layer if lora else 0)
+        working = (2 * layer + root) * gather_bytes + layer_grads + root_grads
         # torch's default (foreach) AdamW step allocates a temporary the size of the weights it updates.
-        step = 4 * p // n if foreach_optimizer else 4 * size.largest_tensor // n
+        step = 4 * trained // n if foreach_optimizer else 4 * trained_tensor // n
         details["optimizer_step_temporary_bytes"] = step
         device = (
             working + activations_and_logits
@@ -400,31 +456,43 @@ def plan_training(
     # Loading holds the fp32 model and, while converting, the checkpoint's pages in its stored dtype
     # (safetensors are memory-mapped: RSS counts them). Measured in the Llama smoke run: within 1 %.
     stored = {"float32": 4, "float64": 8}.get(str(config.dtype).removeprefix("torch."), 2)
-    loads = (4 + stored) * p * (per_node if loading == "every rank" else 1)
-    checkpoint_bytes = 12 * p + export_bytes * p  # weights and moments in fp32 (+ the export)
+    loaded = 2 if lora else 4  # LoRA: the frozen base in bf16, not fp32 master weights
+    loads = (loaded + stored) * p * (per_node if loading == "every rank" else 1)
+    saved = lora.params if lora else p  # a checkpoint holds what is trained, and its moments
+    exported = 4 * lora.params if lora else export_bytes * p  # LoRA: the fp32 adapter folder
+    checkpoint_bytes = 12 * saved + exported  # weights and moments in fp32 (+ the export)
     # Staged: every shard is copied to host RAM. Streamed: a rank holds one file's tensors until the file
     # is closed, and pyarrow queues that file's upload parts: at most twice the file size per rank.
     from .storage import STREAM_FILE_BYTES
 
-    streamed = 2 * min(STREAM_FILE_BYTES, 12 * p // n) * per_node
-    host_ckpt = 12 * p // n * per_node if checkpoint == "staged" else streamed
-    consolidate = (4 * p + 4 * size.largest_tensor) if export_bytes else 0  # rank 0: full fp32, in place
+    streamed = 2 * min(STREAM_FILE_BYTES, 12 * saved // n) * per_node
+    host_ckpt = 12 * saved // n * per_node if checkpoint == "staged" else streamed
+    # Rank 0 gathers what it exports: the full fp32 model in place, or (LoRA) the fp32 adapters.
+    consolidate = (
+        (4 * saved + 4 * (lora.largest_tensor if lora else size.largest_tensor)) if export_bytes else 0
+    )
     # Staged: each rank's shard is written locally before Ray uploads it. A resuming rank fetches only
     # its own shard (Dolly reads its byte ranges in place; GPT-2 copies its own files), so a sharded
     # run's node needs its ranks' shards; ZeRO-0 to 2 keep the full weights in rank 0's files, counted
     # whole.
     sharded_state = sharding in ("fsdp", "zero3")
     local_disk = (12 * p // n * per_node if sharded_state else 12 * p) if checkpoint == "staged" else 0
-    local_disk += export_bytes * p  # rank 0 writes the consolidated model before it is uploaded
+    local_disk += exported if export_bytes else 0  # rank 0 writes the export before it is uploaded
     local_disk += stored * size.params  # the Hub download, in each node's Hugging Face cache
     details.update(
-        load_bytes_rank0=(4 + stored) * p, checkpoint_bytes=checkpoint_bytes, local_disk_bytes=local_disk
+        load_bytes_rank0=(loaded + stored) * p, checkpoint_bytes=checkpoint_bytes, local_disk_bytes=local_disk
     )
     if not on_gpu:  # the workers' devices are this machine's RAM too
         host += device * n
     gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731 - one line per term below
     reserve = device - int((device - CUDA_OVERHEAD - NCCL_BUFFERS) / (1 + ALLOCATOR_RESERVE)) if on_gpu else 0
-    if sharding == "fsdp" and offload == "none":
+    if sharding == "fsdp" and offload == "none" and lora:
+        model_terms = (
+            f"(2 B x params frozen bf16 base + 16 B x {lora.params:,} adapter params) / {n} workers "
+            f"{gb(shards)} + the larger of gathered layers and activations "
+            f"{gb(working + activations_and_logits)}, optimizer step {gb(step)}"
+        )
+    elif sharding == "fsdp" and offload == "none":
         model_terms = (
             f"16 B x params / {n} workers (fp32 weights, gradients, AdamW moments) {gb(shards)} + the larger of "
             f"gathered layers and activations {gb(working + activations_and_logits)}, optimizer step {gb(step)}"
@@ -438,7 +506,10 @@ def plan_training(
         )
     model_terms += f" + CUDA context, NCCL and allocator {gb(reserve)}" if on_gpu else ""
     loaders = f"{per_node} ranks" if loading == "every rank" else "rank 0"
-    load_terms = f"{loaders} x (fp32 model + the stored checkpoint's pages) = {4 + stored} B x params each"
+    load_terms = (
+        f"{loaders} x ({'bf16' if lora else 'fp32'} model + the stored checkpoint's pages) = "
+        f"{loaded + stored} B x params each"
+    )
     ckpt_terms = (
         f"12 B x params / {n} x {per_node} ranks, copied to host"
         if checkpoint == "staged"
@@ -481,7 +552,9 @@ def plan_training(
                 host + consolidate,
                 node.memory,
                 fixes.get("host", ""),
-                "rank 0 gathers the fp32 model, 4 B x params, converting a tensor at a time",
+                "rank 0 gathers the fp32 adapters, 4 B x adapter params"
+                if lora
+                else "rank 0 gathers the fp32 model, 4 B x params, converting a tensor at a time",
             )
         )
     rows += [
@@ -493,7 +566,11 @@ def plan_training(
             "storage",
             checkpoint_bytes * num_to_keep,
             None,
-            terms=f"fp32 weights and AdamW moments 12 B x params{f' + export {export_bytes} B' if export_bytes else ''}",
+            terms=(
+                f"fp32 adapters and AdamW moments 12 B x {lora.params:,} adapter params + the adapter export"
+                if lora
+                else f"fp32 weights and AdamW moments 12 B x params{f' + export {export_bytes} B' if export_bytes else ''}"
+            ),
         ),
     ]
     return Plan(title, rows, details)

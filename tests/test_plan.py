@@ -231,3 +231,44 @@ def test_the_plan_table_shows_the_parameter_count_and_each_rows_terms():
     assert terms.loc["host RAM at a checkpoint"] == "streamed in files of 1 GiB: 2 files' worth x 8 ranks"
     assert table.loc["host RAM at a checkpoint", "needs (GB)"] == round(16 * 2**30 / 1e9, 3)
     assert all(terms), terms
+
+
+def test_llama_70b_lora_fits_one_node_where_full_fine_tuning_does_not():
+    one_node = dict(num_workers=8, cluster={"p4de.24xlarge": 1})
+    full, lora = _llama(**one_node), _llama(**one_node, lora_rank=16)
+    # Full fine-tuning on 8 A100-80GB: 16 B x 69e9 / 8 = 138 GB of shards per GPU alone.
+    with pytest.raises(hp.ParameterError, match=r"does not fit(.|\n)*training \(A100-80GB GPU\)"):
+        full.check()
+    lora.check()
+    # peft's count on the meta model: rank x (in + out) for q, k, v, o (GQA: k and v project to 1,024),
+    # gate, up and down, in each of the 80 layers.
+    per_layer = 2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672)
+    assert lora.details["lora_params"] == 16 * 80 * per_layer == 207_093_760
+    # The frozen bf16 base, 2 B x 69e9 / 8 = 17.2 GB, is most of the 27.7 GB per GPU (33 % of 79.2 GiB).
+    assert lora.details["param_bytes_per_rank"] == (2 * lora.details["params"] + 4 * 207_093_760) // 8
+    assert _row(lora, "training").share == pytest.approx(0.33, abs=0.02)
+    # Rank 0 loads the base in bf16 (and the mapped bf16 checkpoint): 4 B x params, not 6.
+    assert _row(lora, "host RAM while loading").need == pytest.approx(4 * 68.98e9, rel=0.01)
+    # A checkpoint holds the adapters and their moments (12 B x A), plus the fp32 adapter export: 3.3 GB.
+    assert _row(lora, "checkpoints in storage").need == 2 * 16 * 207_093_760
+
+
+def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
+    import helpers.checks
+
+    table = helpers.checks.cheapest_shapes(
+        "llama_fsdp", {**LLAMA_FULL_SCALE, "MAX_STEPS": 500, "LORA_RANK": 0}
+    )
+    assert list(table.index[:4]) == [
+        ("p4d.24xlarge", "LoRA r=16"),
+        ("p4de.24xlarge", "LoRA r=16"),
+        ("p4d.24xlarge", "full"),
+        ("p4de.24xlarge", "full"),
+    ]
+    # The post's shape, at the MFU its own run implies: its 13.5 h and USD 1,106, by construction.
+    post = table.loc[("p4de.24xlarge", "full")]
+    assert post["nodes"] == 2 and post["hours (estimate)"] == 13.5 and post["USD (estimate)"] == 1106
+    # LoRA on one node: 2/3 of the model FLOPs on half the GPUs, 18 h for USD 737.
+    assert table.loc[("p4de.24xlarge", "LoRA r=16")]["hours (estimate)"] == 18.0
+    # Rank 0 loads the whole model: a 192 GiB g5.12xlarge cannot, however many there are.
+    assert table.loc[("g5.12xlarge", "LoRA r=16")]["too big"] == "host RAM while loading"
