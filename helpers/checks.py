@@ -108,6 +108,8 @@ def _llama(p: dict) -> None:
     check_int("COLLECTIVE_TIMEOUT_S", p["COLLECTIVE_TIMEOUT_S"], minimum=60)
     check_choice("USE_FLASH_ATTN", p["USE_FLASH_ATTN"], [True, False])
     check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False])
+    check_int("LORA_RANK", p["LORA_RANK"], minimum=0)
+    check_positive("LORA_ALPHA", p["LORA_ALPHA"])
     for name in ("WEIGHT_DECAY", "WARMUP_RATIO"):
         value = p[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:

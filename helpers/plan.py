@@ -192,12 +192,16 @@ class LoraSize:
 
 @functools.lru_cache(maxsize=16)
 def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...]) -> LoraSize:
+    import warnings
+
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(**json.loads(config_json))
-    with torch.device("meta"):
+    with torch.device("meta"), warnings.catch_warnings():
+        # peft asks transformers 5 `is_gradient_checkpointing`, which warns that it is deprecated.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
         model = get_peft_model(
             AutoModelForCausalLM.from_config(config),
             LoraConfig(r=rank, target_modules=list(targets), task_type="CAUSAL_LM"),
