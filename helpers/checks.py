@@ -110,6 +110,7 @@ def _llama(p: dict) -> None:
     check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False])
     check_int("LORA_RANK", p["LORA_RANK"], minimum=0)
     check_positive("LORA_ALPHA", p["LORA_ALPHA"])
+    check_choice("LORA_MERGED", p["LORA_MERGED"], [True, False])
     for name in ("WEIGHT_DECAY", "WARMUP_RATIO"):
         value = p[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -180,6 +181,7 @@ def _plan_llama(p: dict) -> dict:
         separate_embeddings=True,  # shard_model wraps the embeddings and the head as FSDP units of their own
         reduce_bytes=2,  # MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
         lora_rank=p.get("LORA_RANK", 0),  # > 0: adapters over a frozen bf16 base ("Going further: LoRA")
+        lora_merged=p.get("LORA_MERGED", False),  # and a merged model exported next to the adapter
         fixes={
             "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN, "
             "or set USE_GRADIENT_CHECKPOINTING=True.",

@@ -359,6 +359,7 @@ def plan_training(
     separate_embeddings: bool = False,
     reduce_bytes: int = 4,
     lora_rank: int = 0,
+    lora_merged: bool = False,
     fixes: dict[str, str],
 ) -> Plan:
     """Plan a run. `cluster`: {node type: count} of `NODE_TYPES`, or None for this machine's CPU workers.
@@ -373,7 +374,8 @@ def plan_training(
     implementation (see the module doc). separate_embeddings: FSDP wraps the embeddings and the head
     as units of their own (see the module doc). reduce_bytes: bytes per element
     of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). lora_rank: > 0 trains LoRA
-    adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP only; see the module doc). fixes: what to suggest, per row kind:
+    adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP only; see the module doc);
+    lora_merged: it also exports the base with the adapters merged in. fixes: what to suggest, per row kind:
     "gpu", "host", "disk".
     """
     config = model_config(model_name)
@@ -463,7 +465,8 @@ def plan_training(
     loaded = 2 if lora else 4  # LoRA: the frozen base in bf16, not fp32 master weights
     loads = (loaded + stored) * p * (per_node if loading == "every rank" else 1)
     saved = lora.params if lora else p  # a checkpoint holds what is trained, and its moments
-    exported = 4 * lora.params if lora else export_bytes * p  # LoRA: the fp32 adapter folder
+    # LoRA: the fp32 adapter folder, and with `lora_merged` the merged model in the export dtype too.
+    exported = 4 * lora.params + (export_bytes * p if lora_merged else 0) if lora else export_bytes * p
     checkpoint_bytes = 12 * saved + exported  # weights and moments in fp32 (+ the export)
     # Staged: every shard is copied to host RAM. Streamed: a rank holds one file's tensors until the file
     # is closed, and pyarrow queues that file's upload parts: at most twice the file size per rank.
@@ -475,6 +478,8 @@ def plan_training(
     consolidate = (
         (4 * saved + 4 * (lora.largest_tensor if lora else size.largest_tensor)) if export_bytes else 0
     )
+    if lora and lora_merged:  # then it reads the base again to merge: the model and the file's pages
+        consolidate = max(consolidate, (export_bytes + stored) * p)
     # Staged: each rank's shard is written locally before Ray uploads it. A resuming rank fetches only
     # its own shard (Dolly reads its byte ranges in place; GPT-2 copies its own files), so a sharded
     # run's node needs its ranks' shards; ZeRO-0 to 2 keep the full weights in rank 0's files, counted
@@ -556,7 +561,11 @@ def plan_training(
                 host + consolidate,
                 node.memory,
                 fixes.get("host", ""),
-                "rank 0 gathers the fp32 adapters, 4 B x adapter params"
+                (
+                    f"rank 0 reads the base again to merge: {export_bytes + stored} B x params"
+                    if lora_merged
+                    else "rank 0 gathers the fp32 adapters, 4 B x adapter params"
+                )
                 if lora
                 else "rank 0 gathers the fp32 model, 4 B x params, converting a tensor at a time",
             )
@@ -572,6 +581,7 @@ def plan_training(
             None,
             terms=(
                 f"fp32 adapters and AdamW moments 12 B x {lora.params:,} adapter params + the adapter export"
+                + (f" + the merged model {export_bytes} B x params" if lora_merged else "")
                 if lora
                 else f"fp32 weights and AdamW moments 12 B x params{f' + export {export_bytes} B' if export_bytes else ''}"
             ),
