@@ -41,7 +41,7 @@ SPHINX_OPTS := -W --keep-going -E -b html  # warnings are errors (all reported),
 # DOCS_EXECUTE is on unless unset or 0/false/no (as docs/conf.py reads it)
 DOCS_EXECUTED := $(filter-out 0 false False FALSE no No NO,$(DOCS_EXECUTE))
 
-.PHONY: install run test docs lint clean cluster-up cluster-down
+.PHONY: install run test docs lint clean cluster-up cluster-down cluster-kill-node cluster-add-node
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,14 @@ cluster-up: install
 # Stops exactly the processes cluster-up started (never `ray stop`, which stops every Ray on the machine).
 cluster-down:
 	$(BIN)/python ci/local_cluster.py down
+
+# A node lost as a reclaimed instance is: SIGKILL to the second node's raylet and every process it started.
+cluster-kill-node:
+	$(BIN)/python ci/local_cluster.py kill-node
+
+# A new second node, joining the same head with the same credentials (after cluster-kill-node).
+cluster-add-node:
+	$(BIN)/python ci/local_cluster.py add-node
 
 $(CHROMIUM):
 	@as_root=; \

@@ -116,7 +116,13 @@ def _alive_nodes(gcs_address: str, env: dict) -> int:
     return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
 
 
-def node_env(state_dir: Path, s3_port: int, credentials: dict, base: dict | None = None) -> dict:
+def node_env(
+    state_dir: Path,
+    s3_port: int,
+    credentials: dict,
+    base: dict | None = None,
+    node_death_s: int | None = None,
+) -> dict:
     """The environment of every Ray node (and of a driver): token auth, bucket credentials, quiet Ray."""
     sys.path.insert(0, str(ROOT))
     from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
@@ -134,9 +140,22 @@ def node_env(state_dir: Path, s3_port: int, credentials: dict, base: dict | None
         RAY_USAGE_STATS_ENABLED="0",
         RAY_USAGE_STATS_REPORT_URL="http://127.0.0.1:9/",
     )
+    if node_death_s:  # the GCS checks each raylet every second and gives up after node_death_s misses
+        env.update(
+            RAY_health_check_period_ms="1000",
+            RAY_health_check_timeout_ms="1000",
+            RAY_health_check_failure_threshold=str(node_death_s),
+        )
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
     return env
+
+
+def _node_command(temp_dir: str, cpus: int, object_store_mb: int) -> list[str]:
+    cmd = [str(BIN / "ray"), "start", "--block", "--node-ip-address=127.0.0.1"]
+    cmd += [f"--num-cpus={cpus}", f"--object-store-memory={object_store_mb * 1024**2}"]
+    cmd += [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"]
+    return cmd + ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
 
 
 def _held(state: dict) -> str | None:
@@ -186,11 +205,13 @@ def up(
     cpus_per_node: int = 2,
     object_store_mb: int = 400,
     held_by_caller: bool = True,
+    node_death_s: int | None = None,
 ) -> dict:
     """Start the S3 server, the bucket and `nodes` Ray nodes; write `env_file`; return the driver's variables.
 
     `held_by_caller`: the cluster belongs to this process's run, and a later `up` in the same folder may
-    stop it once this process is gone; False (`make cluster-up`): only `down` stops it.
+    stop it once this process is gone; False (`make cluster-up`): only `down` stops it. `node_death_s`:
+    the head declares a silent node dead after about this many seconds (Ray's default: 30-40 s).
     """
     state_file = state_dir / "state.json"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +231,7 @@ def up(
     started = time.perf_counter()
     try:
         s3_port = free_port()
-        env = node_env(state_dir, s3_port, credentials)
+        env = node_env(state_dir, s3_port, credentials, node_death_s=node_death_s)
         server = [sys.executable, str(ROOT / "ci" / "s3_server.py"), str(s3_port)]
         moto = _start(server, logs / "s3.log", env)
         state["processes"].append(_record(moto, "s3"))
@@ -230,12 +251,17 @@ def up(
 
         gcs_port = free_port()
         address = f"127.0.0.1:{gcs_port}"
+        # What `add_node` needs to start another node like these (the secret stays in cluster.env).
+        state["node_config"] = {
+            "address": address,
+            "s3_port": s3_port,
+            "cpus_per_node": cpus_per_node,
+            "object_store_mb": object_store_mb,
+            "node_death_s": node_death_s,
+        }
         for index in range(nodes):
             head = index == 0
-            cmd = [str(BIN / "ray"), "start", "--block", "--node-ip-address=127.0.0.1"]
-            cmd += [f"--num-cpus={cpus_per_node}", f"--object-store-memory={object_store_mb * 1024**2}"]
-            cmd += [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"]
-            cmd += ["--disable-usage-stats", f"--temp-dir={temp_dirs[index]}"]
+            cmd = _node_command(temp_dirs[index], cpus_per_node, object_store_mb)
             if head:
                 cmd += ["--head", f"--port={gcs_port}", "--include-dashboard=false"]
             else:
@@ -351,6 +377,61 @@ def status(state_dir: Path = ROOT / ".cluster") -> int:
     return 0 if all(_running(r) for r in state["processes"]) else 1
 
 
+def kill_node(state_dir: Path = ROOT / ".cluster") -> str:
+    """Kill the last worker node the way a reclaimed instance dies: SIGKILL to its `ray start` and every
+    process below it (raylet and object store, agents, workers), all at once; nothing else. Return its name."""
+    import psutil
+
+    state_file = state_dir / "state.json"
+    state = json.loads(state_file.read_text())
+    alive = [r for r in state["processes"] if r["name"].startswith("ray-node-") and _running(r)]
+    if not alive:
+        raise RuntimeError(f"no worker node of the cluster in {state_dir} is running")
+    record = alive[-1]
+    root = psutil.Process(record["pid"])
+    family = [root, *root.children(recursive=True)]
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+    _write_private(state_file, json.dumps(state, indent=2))
+    return record["name"]
+
+
+def add_node(state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "cluster.env") -> str:
+    """Start one more worker node that joins the same head with the same credentials; return its name once
+    the head counts it alive."""
+    state_file = state_dir / "state.json"
+    state = json.loads(state_file.read_text())
+    config = state["node_config"]
+    exported = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in env_file.read_text().splitlines()
+        if line.startswith("export ")
+    )
+    credentials = {k: exported[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env = node_env(state_dir, config["s3_port"], credentials, node_death_s=config.get("node_death_s"))
+    numbers = [
+        int(r["name"].rsplit("-", 1)[1]) for r in state["processes"] if r["name"].startswith("ray-node-")
+    ]
+    name = f"ray-node-{max(numbers, default=0) + 1}"
+    temp_dir = tempfile.mkdtemp(prefix=f"llmnb-ray{name.rsplit('-', 1)[1]}-")
+    state["temp_dirs"].append(temp_dir)
+    cmd = _node_command(temp_dir, config["cpus_per_node"], config["object_store_mb"])
+    proc = _start([*cmd, f"--address={config['address']}"], state_dir / "logs" / f"{name}.log", env)
+    state["processes"].append(_record(proc, name))
+    _write_private(state_file, json.dumps(state, indent=2))
+    expected = sum(1 for r in state["processes"] if r["name"].startswith("ray-") and _running(r))
+    deadline = time.monotonic() + 90
+    while _alive_nodes(config["address"], env) < expected:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not join; see {state_dir / 'logs' / (name + '.log')}")
+        time.sleep(1)
+    return name
+
+
 # Where clusters are recorded: `make cluster-up`, `make run CLUSTER=1`, the test session.
 STATE_DIRS = (ROOT / ".cluster", ROOT / ".cluster-run", ROOT / "test-artifacts" / "cluster")
 
@@ -377,7 +458,7 @@ def idle() -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "down", "status", "idle"])
+    parser.add_argument("command", choices=["up", "down", "status", "idle", "kill-node", "add-node"])
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--cpus-per-node", type=int, default=2)
     parser.add_argument("--state", type=Path, default=ROOT / ".cluster", help="the cluster's state folder")
@@ -398,6 +479,12 @@ def main() -> int:
         return 0
     if args.command == "idle":
         return idle()
+    if args.command == "kill-node":
+        print(f"Killed {kill_node(args.state)} (SIGKILL to its raylet, object store, agents and workers).")
+        return 0
+    if args.command == "add-node":
+        print(f"Started {add_node(args.state, env_file)}; it joined the head.")
+        return 0
     if args.command == "down":
         down(args.state, env_file)
         return 0

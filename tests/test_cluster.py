@@ -180,3 +180,30 @@ def test_make_clean_touches_only_the_project_and_waits_for_the_cluster(ray_clust
         [sys.executable, str(ROOT / "ci" / "local_cluster.py"), "idle"], capture_output=True, text=True
     )
     assert idle.returncode == 1 and str(CLUSTER_DIR) in idle.stderr, idle.stderr
+
+
+def test_a_node_killed_like_a_reclaimed_instance_and_one_added_back(tmp_path):
+    import local_cluster
+    import psutil
+
+    # A cluster of its own (the session's serves the other tests): a head and one node of 1 CPU each, the
+    # head declaring a silent node dead after 3 missed health checks of 1 s.
+    state, env_file = tmp_path / "state", tmp_path / "cluster.env"
+    driver = local_cluster.up(state, env_file, nodes=2, cpus_per_node=1, object_store_mb=100, node_death_s=3)
+    try:
+        records = json.loads((state / "state.json").read_text())["processes"]
+        head = next(r for r in records if r["name"] == "ray-head")
+        node = psutil.Process(next(r for r in records if r["name"] == "ray-node-1")["pid"])
+        doomed = [node, *node.children(recursive=True)]  # its raylet (with the object store) and agents
+        start = time.perf_counter()
+        assert local_cluster.kill_node(state) == "ray-node-1"
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in doomed)
+        assert local_cluster._running(head)  # nothing else was touched
+        while local_cluster._alive_nodes(driver["RAY_ADDRESS"], local_cluster.node_env(state, 0, {})) > 1:
+            assert time.perf_counter() - start < 30, "the head did not declare the node dead"
+            time.sleep(0.5)
+        dead_after = time.perf_counter() - start
+        assert local_cluster.add_node(state, env_file) == "ray-node-2"  # returns once the head counts it
+        print(f"node declared dead after {dead_after:.1f} s; a new one joined")
+    finally:
+        local_cluster.down(state, env_file, quiet=True)

@@ -18,7 +18,15 @@ from notebook_runs import (
 
 NAME = "llama_fsdp"
 RANK = 8
-SHORT = {"MAX_STEPS": 12, "SAVE_STEPS": 4, "KILL_WORKER_AT_STEP": 7}
+# Half the lesson's smoke run, each step two micro-steps of 1 sequence per worker (the lesson's run takes
+# 2 sequences at once): the same global batch, through gradient accumulation.
+SHORT = {
+    "MAX_STEPS": 12,
+    "SAVE_STEPS": 4,
+    "KILL_WORKER_AT_STEP": 7,
+    "BATCH_SIZE_PER_WORKER": 1,
+    "GRADIENT_ACCUMULATION_STEPS": 2,
+}
 # Steps 5-6 run twice after the kill at step 7 (measured: 0.0 difference, as for full fine-tuning).
 # One run: 80 s of the session on the two-node cluster with these settings.
 REPLAY_TOLERANCE = 1e-4
@@ -28,7 +36,6 @@ REPLAY_TOLERANCE = 1e-4
 def lora_run(ray_cluster):
     results, wall, error = execute(
         NAME,
-        # Half the lesson's smoke run: checkpoints every 4 steps, rank 1 killed at step 7.
         {"SMOKE_TEST": True, "LORA_RANK": RANK, "LORA_MERGED": True, **SHORT},
         f"lora{RANK}",
         cluster=ray_cluster,
@@ -54,8 +61,10 @@ def test_lora_trains_only_the_adapters(lora_run):
     losses = results["losses"]
     # Measured: the last 4 steps' mean 0.81 of the first 4's (12 steps; adapters start as a no-op).
     assert sum(losses[-4:]) / 4 < 0.9 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
-    # The plan's LoRA shards against what each rank held: the bf16 base and fp32 adapters, their moments
-    # and gradients (measured: exact).
+    # The plan's LoRA shards against what each rank held: the bf16 base and fp32 adapters, their moments,
+    # and the most gradient memory during a step of two accumulated micro-steps, each reduce-scattered
+    # (measured: exact; with sync skipped, FSDP2 would hold whole gradients: test_fsdp_helpers.py).
+    assert results["parameters"]["GRADIENT_ACCUMULATION_STEPS"] == 2
     assert results["plan"]["lora_params"] == results["trainable_params"]
     check_plan_matches_shards(results, tolerance=0.02)
     print(f"LoRA run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
