@@ -23,7 +23,16 @@ from collections.abc import Callable
 from .storage import redact
 from .validate import ParameterError, check_choice, check_int, check_positive
 
-__all__ = ["check_parameters", "check_cluster", "plan_for", "compare_plans", "full_scale", "NOTEBOOKS"]
+__all__ = [
+    "check_parameters",
+    "check_cluster",
+    "plan_for",
+    "compare_plans",
+    "full_scale",
+    "cheapest_shapes",
+    "POST_MFU",
+    "NOTEBOOKS",
+]
 
 PLACEMENTS = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
@@ -338,8 +347,8 @@ def cheapest_shapes(notebook: str, p: dict, lora_rank: int = 16, mfu: float = PO
     shards on CPU, `tests/test_plan.py` and the notebooks' tests). Time and cost are estimates: the same
     training as `p` (its global batch of NUM_WORKERS x BATCH_SIZE_PER_WORKER x GRADIENT_ACCUMULATION_STEPS
     sequences, MAX_STEPS times) at `mfu` (`POST_MFU`: the post's run) of the GPUs' dense bf16 peak
-    (Lightning's table); model FLOPs of
-    6 x params per token for full fine-tuning, 4 x params for LoRA (no weight gradients for the frozen base).
+    (Lightning's table), counting 6 x params model FLOPs per token for full fine-tuning and 4 x params
+    for LoRA (no weight gradients for the frozen base). Instance types without bf16 (T4s) are left out.
     """
     import pandas as pd
 
