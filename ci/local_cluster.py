@@ -396,7 +396,6 @@ def kill_node(state_dir: Path = ROOT / ".cluster") -> str:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(family, timeout=10)
-    _write_private(state_file, json.dumps(state, indent=2))
     return record["name"]
 
 

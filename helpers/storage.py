@@ -297,6 +297,14 @@ def dcp_reader(filesystem, path: str):
     return reader
 
 
+def _file_sizes(fs, root: str) -> dict[str, int]:
+    """{path relative to `root`: size in bytes} of every file under `root` on the pyarrow filesystem `fs`."""
+    import pyarrow.fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return {i.path[len(root) :].lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
+
+
 @contextlib.contextmanager
 def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) -> Iterator[FetchedFolder]:
     """A local folder with a Ray Train checkpoint's files, for this process only.
@@ -316,8 +324,7 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
     import pyarrow.fs as pafs
 
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    sizes = {i.path[len(root) :].lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
+    sizes = _file_sizes(fs, root)
     chosen = [path for path in sizes if files is None or files(path)]
 
     def fetched(folder: str) -> FetchedFolder:
@@ -393,9 +400,6 @@ class StoredFolder(str):
 def stored_folder(checkpoint, subfolder: str = "") -> StoredFolder:
     """`subfolder` of a Ray Train `checkpoint`, to be read in place (`StoredFolder`); `checkpoint_bytes`
     is the size of the whole checkpoint."""
-    import pyarrow.fs as pafs
-
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    size = sum(i.size for i in infos if i.type == pafs.FileType.File)
+    size = sum(_file_sizes(fs, root).values())
     return StoredFolder(fs, f"{root}/{subfolder}" if subfolder else root, size)

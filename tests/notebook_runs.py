@@ -683,13 +683,18 @@ def fetch(uri: str, dest: Path, cluster: Mapping[str, str] | None = None) -> Pat
     return dest
 
 
-def listing(uri: str, cluster: Mapping[str, str] | None = None) -> list[str]:
-    """The object names under `uri`, relative to it (recursive)."""
+def file_sizes(uri: str, cluster: Mapping[str, str] | None = None) -> dict[str, int]:
+    """{object name relative to `uri`: size in bytes} for every object under `uri` (recursive)."""
     import pyarrow.fs as pafs
 
     fs, path = filesystem(uri, cluster)
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-    return sorted(i.path[len(path) :].lstrip("/") for i in infos if i.type == pafs.FileType.File)
+    return {i.path[len(path) :].lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
+
+
+def listing(uri: str, cluster: Mapping[str, str] | None = None) -> list[str]:
+    """The object names under `uri`, relative to it (recursive)."""
+    return sorted(file_sizes(uri, cluster))
 
 
 # ---- checks every notebook test shares -------------------------------------------------------

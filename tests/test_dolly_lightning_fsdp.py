@@ -8,6 +8,7 @@ import pytest
 from notebook_runs import (
     check_cluster_run,
     check_plan_matches_shards,
+    file_sizes,
     filesystem,
     last_checkpoint_before,
     listing,
@@ -88,7 +89,6 @@ def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(smoke_run, ra
 def test_each_rank_read_only_its_own_shards_to_resume(smoke_run, ray_cluster):
     import pickle
 
-    import pyarrow.fs as pafs
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     results, _ = smoke_run
@@ -101,8 +101,7 @@ def test_each_rank_read_only_its_own_shards_to_resume(smoke_run, ray_cluster):
     # Measured: 1,196,006 bytes each of a 2,263,130-byte checkpoint (0.53; the shared entries weigh more
     # in the tiny model than at 7B, where the fraction is 1/16 plus a few MB).
     fs, root = filesystem(results["checkpoint_path"], ray_cluster)
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    sizes = {i.path.rsplit("/", 1)[-1]: i.size for i in infos if i.type == pafs.FileType.File}
+    sizes = file_sizes(f"{results['checkpoint_path']}/checkpoint.ckpt", ray_cluster)
     assert whole == pytest.approx(sum(sizes.values()), rel=0.001)
     with fs.open_input_file(f"{root}/checkpoint.ckpt/.metadata") as f:
         metadata = pickle.loads(f.read())

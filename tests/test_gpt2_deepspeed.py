@@ -9,7 +9,7 @@ from notebook_runs import (
     check_cluster_run,
     check_plan_matches_shards,
     fetch,
-    filesystem,
+    file_sizes,
     last_checkpoint_before,
     listing,
     pinned_losses,
@@ -89,16 +89,12 @@ def test_checkpoint_has_a_shard_per_worker(stage3_run, ray_cluster, tmp_path):
 
 @pytest.mark.notebook
 def test_each_worker_fetched_only_its_own_shard_to_resume(stage3_run, ray_cluster):
-    import pyarrow.fs as pafs
-
     results, _ = stage3_run
     kill = results["kill"]
     fetched, total = kill["resume_bytes_per_rank"], kill["checkpoint_bytes"]
     # The sizes of the final checkpoint's files in the bucket stand for those of the one resumed from:
     # the same tensors, a few bytes of step counts and epoch numbers apart.
-    fs, root = filesystem(results["checkpoint_path"], ray_cluster)
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    sizes = {i.path[len(root) :]: i.size for i in infos if i.type == pafs.FileType.File}
+    sizes = file_sizes(results["checkpoint_path"], ray_cluster)
     assert total == pytest.approx(sum(sizes.values()), rel=0.001)
     assert len(fetched) == 2
     for rank, got in enumerate(fetched):
