@@ -41,7 +41,7 @@ SPHINX_OPTS := -W --keep-going -E -b html  # warnings are errors (all reported),
 # DOCS_EXECUTE is on unless unset or 0/false/no (as docs/conf.py reads it)
 DOCS_EXECUTED := $(filter-out 0 false False FALSE no No NO,$(DOCS_EXECUTE))
 
-.PHONY: install run test docs lint clean cluster-up cluster-down cluster-kill-node cluster-add-node
+.PHONY: install run test docs lint clean cluster-up cluster-down cluster-kill-node cluster-add-node cluster-pause-storage
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,11 @@ cluster-kill-node:
 # A new second node, joining the same head with the same credentials (after cluster-kill-node).
 cluster-add-node:
 	$(BIN)/python ci/local_cluster.py add-node
+
+# Storage that stalls: the bucket answers nothing for SECONDS (the S3 server paused, then resumed).
+SECONDS ?= 25
+cluster-pause-storage:
+	$(BIN)/python ci/local_cluster.py pause-storage --seconds $(SECONDS)
 
 $(CHROMIUM):
 	@as_root=; \

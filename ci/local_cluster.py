@@ -3,6 +3,7 @@
     python ci/local_cluster.py up      # `make cluster-up`: start it, write cluster.env
     python ci/local_cluster.py down    # `make cluster-down`: stop exactly what `up` started
     python ci/local_cluster.py status
+    python ci/local_cluster.py kill-node | add-node | pause-storage --seconds 25   # failures, on purpose
 
 What `up` starts, each as a child process whose id it records (in .cluster/state.json):
 
@@ -431,6 +432,26 @@ def add_node(state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "clust
     return name
 
 
+def pause_storage(state_dir: Path = ROOT / ".cluster", seconds: float = 25.0) -> float:
+    """Make the bucket stop answering for `seconds`, as a storage service that stalls does: SIGSTOP to the S3
+    server `up` recorded (connections are still accepted, no request is answered), then SIGCONT, also if
+    this is interrupted. Returns the seconds it was paused."""
+    import psutil
+
+    state = json.loads((state_dir / "state.json").read_text())
+    record = next(r for r in state["processes"] if r["name"] == "s3")
+    if not _running(record):
+        raise RuntimeError(f"the S3 server of the cluster in {state_dir} is not running")
+    server = psutil.Process(record["pid"])
+    start = time.monotonic()
+    server.suspend()
+    try:
+        time.sleep(seconds)
+    finally:
+        server.resume()
+    return time.monotonic() - start
+
+
 # Where clusters are recorded: `make cluster-up`, `make run CLUSTER=1`, the test session.
 STATE_DIRS = (ROOT / ".cluster", ROOT / ".cluster-run", ROOT / "test-artifacts" / "cluster")
 
@@ -457,9 +478,12 @@ def idle() -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "down", "status", "idle", "kill-node", "add-node"])
+    parser.add_argument(
+        "command", choices=["up", "down", "status", "idle", "kill-node", "add-node", "pause-storage"]
+    )
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--cpus-per-node", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=25.0, help="pause-storage: how long")
     parser.add_argument("--state", type=Path, default=ROOT / ".cluster", help="the cluster's state folder")
     args = parser.parse_args()
     env_file = ROOT / "cluster.env" if args.state == ROOT / ".cluster" else args.state / "cluster.env"
@@ -480,6 +504,9 @@ def main() -> int:
         return idle()
     if args.command == "kill-node":
         print(f"Killed {kill_node(args.state)} (SIGKILL to its raylet, object store, agents and workers).")
+        return 0
+    if args.command == "pause-storage":
+        print(f"The bucket stalled for {pause_storage(args.state, args.seconds):.0f} s (S3 server paused).")
         return 0
     if args.command == "add-node":
         print(f"Started {add_node(args.state, env_file)}; it joined the head.")

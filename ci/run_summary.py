@@ -279,7 +279,7 @@ def _attempt_curves(results: dict) -> list[tuple[int | None, list[tuple[int, flo
             (int(step), float(loss)) for step, loss in attempt["losses"].items() if _num(loss) is not None
         )
         if points:
-            curves.append((attempt.get("resumed_from"), points))
+            curves.append((attempt.get("resumed_from_step"), points))
     return curves
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "compare_plans",
     "full_scale",
     "cheapest_shapes",
+    "min_workers",
     "POST_MFU",
     "NOTEBOOKS",
 ]
@@ -50,6 +51,58 @@ def _common(p: dict, total_steps: int | None = None) -> None:
     check_storage_path("STORAGE_PATH", p["STORAGE_PATH"])
     if "CPUS_PER_WORKER" in p:
         _check_cpus_per_worker(p)
+
+
+# Why a notebook cannot continue on fewer workers after a failure (`MIN_WORKERS` refused), or None where
+# it can: its checkpoint loads at any world size.
+ELASTIC_REFUSED = {
+    "gpt2_deepspeed": "DeepSpeed ZeRO checkpoints hold one partition per rank and load only at the world "
+    "size that wrote them (DeepSpeed's universal checkpoint format, converted offline, would lift that)",
+}
+
+
+def min_workers(p: dict) -> int:
+    """`MIN_WORKERS`, or `NUM_WORKERS` where it is not set (None: a fixed-size run)."""
+    value = p.get("MIN_WORKERS")
+    return p["NUM_WORKERS"] if value is None else value
+
+
+def _check_min_workers(notebook: str, p: dict) -> None:
+    """`MIN_WORKERS`: None or 1..NUM_WORKERS; fewer than NUM_WORKERS makes the run elastic, which needs a
+    checkpoint that loads at another world size, and a plan that fits on MIN_WORKERS workers."""
+    value = p.get("MIN_WORKERS")
+    if value is None or value == p["NUM_WORKERS"]:
+        return
+    check_int("MIN_WORKERS", value, minimum=1)
+    if value > p["NUM_WORKERS"]:
+        raise ParameterError(
+            f"MIN_WORKERS={value}: more than NUM_WORKERS={p['NUM_WORKERS']}; use None (a fixed size) "
+            f"or 1..{p['NUM_WORKERS']}."
+        )
+    if notebook in ELASTIC_REFUSED:
+        raise ParameterError(
+            f"MIN_WORKERS={value}: this notebook cannot continue on fewer workers: "
+            f"{ELASTIC_REFUSED[notebook]}. Leave MIN_WORKERS=None; a failed worker is restarted at "
+            f"NUM_WORKERS={p['NUM_WORKERS']}."
+        )
+    plan = plan_for(
+        notebook, {**p, "NUM_WORKERS": value}, title=f"the same run on MIN_WORKERS={value} workers"
+    )
+    if plan is not None:
+        too_big = [r for r in plan.rows if r.status == "too big"]
+        if too_big:
+            lora = (
+                " Or set LORA_RANK (e.g. 16): a frozen base takes 2 bytes per parameter, not 16."
+                if p.get("LORA_RANK") == 0
+                else ""
+            )
+            rows = "; ".join(
+                f"{r.what} ({r.where}) {r.need / 1e9:.1f} GB of {r.have / 1e9:.1f}" for r in too_big
+            )
+            raise ParameterError(
+                f"MIN_WORKERS={value}: after losing workers the run would continue on {value}, where it does "
+                f"not fit: {rows}. Raise MIN_WORKERS: fewer workers hold bigger shards." + lora
+            )
 
 
 def _check_cpus_per_worker(p: dict) -> None:
@@ -277,6 +330,7 @@ def check_parameters(notebook: str, namespace: dict):
     check_parameter_names(namespace)
     rules, _ = _notebook(notebook)
     rules(namespace)
+    _check_min_workers(notebook, namespace)
     plan = plan_for(notebook, namespace)
     if plan is not None:
         plan.check()
@@ -306,7 +360,13 @@ def check_cluster(notebook: str, namespace: dict) -> None:
 
     _notebook(notebook)
     p = namespace
-    check_resources(p["NUM_WORKERS"], p["USE_GPU"], p.get("CPUS_PER_WORKER", 1))
+    fewest = min_workers(p)  # an elastic run starts with as many as it gets, at least MIN_WORKERS
+    check_resources(
+        fewest,
+        p["USE_GPU"],
+        p.get("CPUS_PER_WORKER", 1),
+        name="MIN_WORKERS" if fewest < p["NUM_WORKERS"] else "NUM_WORKERS",
+    )
     nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
     where = f"; every node ({nodes}) can write to the bucket" if nodes else ""
     if notebook == "llama_fsdp":
@@ -315,7 +375,12 @@ def check_cluster(notebook: str, namespace: dict) -> None:
             where += f"; the weights are on {len(seconds)} node(s), slowest {max(seconds.values()):.0f} s"
         else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
             where += "; no node to fetch the weights on yet: rank 0 will download them itself"
-    print(f"Cluster OK: room for {p['NUM_WORKERS']} workers{where}")
+    room = (
+        f"{p['NUM_WORKERS']} workers"
+        if fewest == p["NUM_WORKERS"]
+        else f"{fewest} to {p['NUM_WORKERS']} workers"
+    )
+    print(f"Cluster OK: room for {room}{where}")
 
 
 # ---- the cheapest cluster that fits: each instance type, full fine-tuning against LoRA ------------------

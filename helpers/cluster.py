@@ -334,8 +334,11 @@ def _autoscaling() -> bool:
     return os.environ.get("LLM_NOTEBOOKS_AUTOSCALING", "0") == "1"
 
 
-def check_resources(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.0) -> None:
-    """Raise `ResourceRequestError` if `num_workers` workers (1 GPU each if `use_gpu`) can never run.
+def check_resources(
+    num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.0, name: str = "NUM_WORKERS"
+) -> None:
+    """Raise `ResourceRequestError` if `num_workers` workers (1 GPU each if `use_gpu`) can never run;
+    `name` is the parameter that asked for them (`MIN_WORKERS` for an elastic run).
 
     Checks the whole cluster and that one worker's bundle fits on some node. On a cluster
     that autoscales (`LLM_NOTEBOOKS_AUTOSCALING=1`) a shortfall is only a warning.
@@ -352,12 +355,12 @@ def check_resources(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.
     problems = []
     if use_gpu and num_workers * gpus_per_worker > total_gpu:
         problems.append(
-            f"NUM_WORKERS={num_workers} with USE_GPU=True needs {num_workers * gpus_per_worker:g} GPUs, "
+            f"{name}={num_workers} with USE_GPU=True needs {num_workers * gpus_per_worker:g} GPUs, "
             f"but this Ray cluster has {total_gpu:g}"
         )
     if num_workers * cpus_per_worker > total_cpu:
         problems.append(
-            f"NUM_WORKERS={num_workers}"
+            f"{name}={num_workers}"
             + (f" with CPUS_PER_WORKER={cpus_per_worker:g}" if cpus_per_worker != 1 else "")
             + f" needs {num_workers * cpus_per_worker:g} CPUs, "
             f"but this Ray cluster has {total_cpu:g}"
@@ -370,7 +373,7 @@ def check_resources(num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.
         return
     message = (
         "; ".join(problems)
-        + ". trainer.fit() would wait forever. Lower NUM_WORKERS, set USE_GPU=False, or run the "
+        + f". trainer.fit() would wait forever. Lower {name}, set USE_GPU=False, or run the "
         "small version with SMOKE_TEST=True (papermill: -p SMOKE_TEST True)."
     )
     if _autoscaling():

@@ -39,7 +39,8 @@ class RunLog:
     """
 
     def __init__(self, total_steps: int | None = None, print_every: int = 1, kill_at_step: int = 0) -> None:
-        self.attempts: list[dict] = []  # each: {"resumed_from": step, "losses": {step: loss}}
+        # each: {"resumed_from_step", "world_size", the facts it started with, "losses": {step: loss}}
+        self.attempts: list[dict] = []
         self.killed_at: int | None = None
         self.kill_at_step = int(kill_at_step)
         self.total_steps = total_steps
@@ -68,16 +69,30 @@ class RunLog:
         self._fetched[int(rank)] = int(bytes_fetched)
         self._checkpoint_bytes = int(checkpoint_bytes)
 
-    def start_attempt(self, resumed_from_step: int) -> int:
-        self.attempts.append({"resumed_from": int(resumed_from_step), "losses": {}})
-        if len(self.attempts) > 1:
+    def start_attempt(self, resumed_from_step: int, world_size: int | None = None, **facts) -> int:
+        """A worker group started (rank 0 says so), resuming after `resumed_from_step` (0: from the start),
+        with `world_size` workers; `facts` (e.g. the tokens per step) are kept with the attempt. Given
+        `resume_bytes_per_rank` and `checkpoint_bytes`, they count as `checkpoint_fetched` does."""
+        previous = self.attempts[-1] if self.attempts else None
+        self.attempts.append(
+            {"resumed_from_step": int(resumed_from_step), "world_size": world_size, **facts, "losses": {}}
+        )
+        if "resume_bytes_per_rank" in facts and "checkpoint_bytes" in facts:
+            self._fetched = dict(enumerate(facts["resume_bytes_per_rank"]))
+            self._checkpoint_bytes = int(facts["checkpoint_bytes"])
+        if previous is not None:
             where = (
                 f"from the checkpoint at step {resumed_from_step}"
                 if resumed_from_step
                 else "from the start: no checkpoint had been reported yet"
             )
+            size = ""
+            if world_size is not None and previous.get("world_size") not in (None, world_size):
+                size = (
+                    f" of {world_size} worker{'s' if world_size != 1 else ''} (was {previous['world_size']})"
+                )
             self.lines.append(
-                f"Ray Train started a new worker group (attempt {len(self.attempts)}); it resumes {where}"
+                f"Ray Train started a new worker group{size} (attempt {len(self.attempts)}); it resumes {where}"
             )
         return len(self.attempts)
 
@@ -110,10 +125,9 @@ class RunLog:
         return [merged[s] for s in sorted(merged)]
 
     def attempt_losses(self) -> list[dict]:
-        return [
-            {"resumed_from": a["resumed_from"], "losses": {str(k): v for k, v in a["losses"].items()}}
-            for a in self.attempts
-        ]
+        """Each attempt: `resumed_from_step`, `world_size`, the facts it was started with, and `losses`
+        ({step as a string: loss}, as JSON keeps it)."""
+        return [{**a, "losses": {str(k): v for k, v in a["losses"].items()}} for a in self.attempts]
 
     def kill_summary(self) -> dict | None:
         """`{"at_step", "resumed_from_step", "restarts", "replayed_steps", "replayed_max_abs_diff"}`, and
@@ -125,7 +139,7 @@ class RunLog:
         replayed = sorted(set(first) & set(last)) if len(self.attempts) > 1 else []
         summary = {
             "at_step": self.killed_at,
-            "resumed_from_step": self.attempts[-1]["resumed_from"],
+            "resumed_from_step": self.attempts[-1]["resumed_from_step"],
             "restarts": len(self.attempts) - 1,
             "replayed_steps": replayed,
             "replayed_max_abs_diff": max((abs(first[s] - last[s]) for s in replayed), default=None),

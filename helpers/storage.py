@@ -18,6 +18,7 @@ import io
 import os
 import re
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ __all__ = [
     "is_uri",
     "dcp_writer",
     "dcp_reader",
+    "StorageStalled",
     "checkpoint_folder",
     "stored_folder",
     "trainer_rank_files",
@@ -207,7 +209,8 @@ def _torch_fsspec_filesystem(filesystem):
         def create_stream(self, path, mode):
             if mode != "rb":
                 with super().create_stream(path, mode) as stream:
-                    yield stream
+                    abandoned = _ABANDONED.get(threading.get_ident())
+                    yield stream if abandoned is None else _Abandonable(stream, abandoned)
                 return
             # Reads through a 64 MB buffer: torch.load makes many small reads, and each unbuffered read
             # of an object store file is one ranged GET (seen: minutes for the smoke run's 310 MB shard).
@@ -217,6 +220,46 @@ def _torch_fsspec_filesystem(filesystem):
     return PyArrowFileSystem()
 
 
+# A file of a streamed checkpoint that the storage does not finish writing in time (a bucket that stalls:
+# pyarrow's S3 client has no read timeout on Linux, and waits for as long as the bucket does) is written
+# again, after a backoff: each try has STALL_S plus its size at MIN_WRITE_RATE, and after WRITE_TRIES tries
+# the save fails (`StorageStalled`), so the step fails before its checkpoint is registered.
+STALL_S = 60.0
+MIN_WRITE_RATE = 10e6  # bytes/s, far below what one process writes to S3, GCS or NFS
+WRITE_TRIES = 5
+_ABANDONED: dict = {}  # writing thread -> the Event set when its try is given up
+
+
+class StorageStalled(OSError):
+    """A checkpoint file was not written in `WRITE_TRIES` tries (`dcp_writer`)."""
+
+
+class _Abandonable:
+    """A try's output stream: once the try is given up, the thread still writing it (blocked on the stalled
+    bucket) never writes or closes it again. Closing would complete the upload, with tensors the training
+    has changed since, over the file the next try wrote."""
+
+    def __init__(self, stream, abandoned) -> None:
+        self._stream, self._abandoned = stream, abandoned
+
+    def _check(self) -> None:
+        if self._abandoned.is_set():
+            threading.Event().wait()  # for ever: this thread's upload is never completed
+
+    def write(self, data):
+        self._check()
+        written = self._stream.write(data)
+        self._check()
+        return written
+
+    def close(self) -> None:
+        self._check()
+        self._stream.close()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 # The most bytes of tensors in one file of a streamed checkpoint. torch's writer keeps every tensor of a
 # file on the host until the file is closed (`_write_files_from_queue` in
 # torch/distributed/checkpoint/filesystem.py), and pyarrow's S3 stream buffers the parts it has not
@@ -224,7 +267,14 @@ def _torch_fsspec_filesystem(filesystem):
 STREAM_FILE_BYTES = 1 << 30
 
 
-def dcp_writer(filesystem, path: str, file_bytes: int = STREAM_FILE_BYTES):
+def dcp_writer(
+    filesystem,
+    path: str,
+    file_bytes: int = STREAM_FILE_BYTES,
+    stall_s: float = STALL_S,
+    min_rate: float = MIN_WRITE_RATE,
+    tries: int = WRITE_TRIES,
+):
     """A `torch.distributed.checkpoint` writer that writes straight to `path` on a pyarrow `filesystem`.
 
     Used by the Llama notebook's checkpoints ("5. Sharded checkpoints"): each rank streams its shard to
@@ -232,12 +282,22 @@ def dcp_writer(filesystem, path: str, file_bytes: int = STREAM_FILE_BYTES):
     of tensors (`__<rank>_0.distcp`, `__<rank>_1.distcp`, ...; a single tensor larger than that gets a
     file of its own), so that a rank holds at most one file's tensors in host RAM. Pass it as
     `storage_writer=`, without `checkpoint_id` (which would reset it to a local path).
+
+    A storage that stalls or fails costs time, not the checkpoint: each file is written in a thread that
+    has `stall_s` plus its size at `min_rate` to finish; a try that fails or runs out of time is given up
+    and the file written again after a backoff, up to `tries` tries (`writer.stalls` lists each one given
+    up), and then `StorageStalled` fails the save, before the checkpoint is reported.
     """
+    import logging
     import queue
+    import time
 
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _item_size
     from torch.distributed.checkpoint.planner import WriteItemType
+    from torch.futures import Future
+
+    log = logging.getLogger(__name__)
 
     class BoundedFileWriter(FsspecWriter):
         def write_data(self, plan, planner):
@@ -249,13 +309,57 @@ def dcp_writer(filesystem, path: str, file_bytes: int = STREAM_FILE_BYTES):
                     size = 0
                 files[-1].append(item)
                 size += n
-            file_queue: queue.Queue = queue.Queue()
+            results = []
             for i, items in enumerate(files):
                 name = f"{plan.storage_data.prefix}{i}{DEFAULT_SUFFIX}"
-                file_queue.put((self.fs.concat_path(self.path, name), name, items))
-            return self._write_data(planner, file_queue)
+                results += self._write_file((self.fs.concat_path(self.path, name), name, items), planner)
+            done: Future = Future()
+            done.set_result(results)
+            return done
+
+        def _write_file(self, entry, planner) -> list:
+            """One file, in a thread with a deadline; given up and written again after a stall or error."""
+            size = sum(_item_size(i) for i in entry[2] if i.type != WriteItemType.BYTE_IO)
+            deadline = stall_s + size / min_rate
+            problem = "no error"
+            for attempt in range(1, tries + 1):
+                outcome: dict = {}
+                abandoned = threading.Event()
+
+                def write(outcome=outcome, abandoned=abandoned) -> None:
+                    _ABANDONED[threading.get_ident()] = abandoned
+                    try:
+                        files: queue.Queue = queue.Queue()
+                        files.put(entry)
+                        outcome["results"] = FsspecWriter._write_data(self, planner, files).value()
+                    except BaseException as exc:  # noqa: BLE001 - reported below, then tried again
+                        outcome["error"] = exc
+                    finally:
+                        _ABANDONED.pop(threading.get_ident(), None)
+
+                thread = threading.Thread(target=write, name=f"dcp-write-{entry[1]}", daemon=True)
+                thread.start()
+                thread.join(deadline)
+                if "results" in outcome:
+                    if attempt > 1:
+                        log.warning("%s: written on try %d of %d", entry[0], attempt, tries)
+                    return outcome["results"]
+                abandoned.set()
+                if "error" in outcome and not isinstance(outcome["error"], OSError):
+                    raise outcome["error"]  # not the storage: nothing to wait out
+                problem = repr(outcome["error"]) if "error" in outcome else f"not done in {deadline:.0f} s"
+                log.warning("%s: try %d of %d failed (%s)", entry[0], attempt, tries, problem)
+                writer.stalls.append({"file": entry[1], "try": attempt, "problem": problem})
+                if attempt < tries:
+                    time.sleep(min(2 ** (attempt - 1), 30))  # backoff: 1, 2, 4, ... s
+            raise StorageStalled(
+                f"{entry[0]}: not written in {tries} tries ({deadline:.0f} s each, last: {problem}). The "
+                "storage stalled or failed: this checkpoint is not registered, and the run restarts from "
+                "the last one that is."
+            )
 
     writer = BoundedFileWriter(path, sync_files=False)  # fsync means nothing for an object store
+    writer.stalls = []  # each try given up: {"file", "try", "problem"}
     writer.fs = _torch_fsspec_filesystem(filesystem)
     writer.path = path
     return writer

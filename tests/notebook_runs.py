@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -65,7 +66,9 @@ def start_cluster() -> dict:
     """
     # Stops what a session that was cut off left behind; refuses (ClusterBusy) while another live session
     # holds the cluster in CLUSTER_DIR.
-    return _local_cluster().up(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
+    # The head declares a silent node dead after about 10 s (Ray's default: 30-40 s): the Llama run loses
+    # its second node on purpose (`NodeLoss`) and must see it gone before Ray Train restarts its workers.
+    return _local_cluster().up(CLUSTER_DIR, CLUSTER_DIR / "cluster.env", node_death_s=10)
 
 
 def stop_cluster() -> None:
@@ -99,6 +102,112 @@ def secret_leaks(secrets: Mapping[str, str]) -> list[str]:
 def notebook_env(cluster: Mapping[str, str]) -> dict:
     """What a notebook's kernel gets: the cluster's variables, as after `source cluster.env`."""
     return {**os.environ, **cluster}
+
+
+class NodeLoss:
+    """While a notebook trains on the test cluster, lose its second Ray node and get a new one, as a spot
+    instance is reclaimed and replaced: `make cluster-kill-node` once the run's first checkpoint is
+    registered, `make cluster-add-node` once a checkpoint written after the loss is in the bucket.
+
+    A thread watches the bucket for the run's folder (the first new one whose name starts with `run_prefix`)
+    and its `checkpoint_*/trainer_state.json` (written by rank 0 after every shard). `events` records what
+    it did, with the checkpoint step it followed. With `stall_at_checkpoint`, once the node is back, the
+    bucket then stalls for `stall_s` in the middle of that checkpoint's write (`make cluster-pause-storage`),
+    as soon as one of its shard files is being uploaded. If the run ends before the node came back, a node is
+    added on exit, so that the next tests have two nodes.
+    """
+
+    def __init__(
+        self,
+        cluster: Mapping[str, str],
+        run_prefix: str,
+        registered_after_s: float = 3.0,
+        stall_at_checkpoint: int | None = None,
+        stall_s: float = 25.0,
+    ):
+        self.cluster, self.run_prefix, self.registered_after_s = cluster, run_prefix, registered_after_s
+        self.stall_at_checkpoint, self.stall_s = stall_at_checkpoint, stall_s
+        self.events: list[tuple[str, int, float]] = []  # (what, after the checkpoint of this step, seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="node-loss", daemon=True)
+        self.error: BaseException | None = None
+
+    def _checkpoints(self, fs, root: str, known: set[str]) -> list[int]:
+        import pyarrow.fs as pafs
+
+        runs = [
+            i.path
+            for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+            if i.base_name.startswith(self.run_prefix) and i.path not in known
+        ]
+        if not runs:
+            return []
+        files = fs.get_file_info(pafs.FileSelector(runs[0], recursive=True))
+        return sorted(
+            int(f.path.split("/")[-2].removeprefix("checkpoint_"))
+            for f in files
+            if f.base_name == "trainer_state.json" and f.path.split("/")[-2].startswith("checkpoint_")
+        )
+
+    def _watch(self) -> None:
+        import pyarrow.fs as pafs
+
+        try:
+            cluster = _local_cluster()
+            fs, root = filesystem(self.cluster["STORAGE_PATH"], self.cluster)
+            known = {i.path for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))}
+            start = time.monotonic()
+            killed_after = None
+            while not self._stop.wait(0.5):
+                steps = self._checkpoints(fs, root, known)
+                if killed_after is None and steps:
+                    time.sleep(self.registered_after_s)  # its report collected: the checkpoint is registered
+                    cluster.kill_node(CLUSTER_DIR)
+                    killed_after = steps[-1]
+                    self.events.append(("node killed", killed_after, time.monotonic() - start))
+                elif killed_after is not None and steps and steps[-1] > killed_after:
+                    cluster.add_node(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
+                    self.events.append(("node added", steps[-1], time.monotonic() - start))
+                    break
+            if self.stall_at_checkpoint is None:
+                return
+            uploads = self._s3_client()
+            bucket, _, prefix = self.cluster["STORAGE_PATH"].removeprefix("s3://").partition("/")
+            folder = f"checkpoint_{self.stall_at_checkpoint:06d}/"
+            while not self._stop.wait(0.2):
+                listed = uploads.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
+                if any(folder in u["Key"] and u["Key"].endswith(".distcp") for u in listed):
+                    cluster.pause_storage(CLUSTER_DIR, self.stall_s)
+                    self.events.append(
+                        ("storage stalled", self.stall_at_checkpoint, time.monotonic() - start)
+                    )
+                    return
+        except BaseException as exc:  # noqa: BLE001 - reported by __exit__
+            self.error = exc
+
+    def _s3_client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.cluster["AWS_ENDPOINT_URL"],
+            aws_access_key_id=self.cluster["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.cluster["AWS_SECRET_ACCESS_KEY"],
+            region_name=self.cluster["AWS_REGION"],
+        )
+
+    def __enter__(self) -> NodeLoss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        happened = [e[0] for e in self.events]
+        if "node killed" in happened and "node added" not in happened:
+            _local_cluster().add_node(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
+        if self.error is not None:
+            raise self.error
 
 
 # ---- running notebooks -----------------------------------------------------------------------

@@ -38,6 +38,12 @@ CASES = {
     "zero_stage_4": ({"SMOKE_TEST": True, "ZERO_STAGE": 4}, "ParameterError", ["ZERO_STAGE=4", "0, 1, 2, 3"]),
     # NUM_WORKERS=0 is refused by the check every notebook shares (helpers.checks._common): run here only.
     "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
+    # A node lost, the run to go on with fewer workers: ZeRO's per-rank checkpoint files cannot.
+    "min_workers_refused": (
+        {"SMOKE_TEST": True, "MIN_WORKERS": 1},
+        "ParameterError",
+        ["MIN_WORKERS=1", "cannot continue on fewer workers", "world size"],
+    ),
     **_batch_size_cases("MAX_STEPS_PER_EPOCH"),
     "unknown_offload": (
         {"SMOKE_TEST": True, "OFFLOAD": "gpu"},
@@ -285,6 +291,12 @@ LLAMA_CASES = {
         {},
         "ParameterError",
         ["MODEL_NAME='meta-llama/Llama-2-70b-chat-hf'", "offline"],
+    ),
+    # Elastic at full scale: after losing a node, 70B on 8 A100-80GB does not fit (LoRA would).
+    "min_workers_that_cannot_fit": (
+        {"MIN_WORKERS": 8},
+        "ParameterError",
+        ["MIN_WORKERS=8", "does not fit", "training (A100-80GB GPU)", "LORA_RANK"],
     ),
 }
 

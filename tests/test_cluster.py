@@ -12,8 +12,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
+import pytest
 from notebook_runs import CLUSTER_DIR, ROOT, filesystem, notebook_env, secret_leaks
 
 
@@ -207,3 +209,69 @@ def test_a_node_killed_like_a_reclaimed_instance_and_one_added_back(tmp_path):
         print(f"node declared dead after {dead_after:.1f} s; a new one joined")
     finally:
         local_cluster.down(state, env_file, quiet=True)
+
+
+def _stalls_when_writing(writer, seconds: float, stalls: list) -> None:
+    """The test cluster's bucket stops answering for `seconds` (`make cluster-pause-storage`) as `writer`
+    starts writing its data files: in the middle of a checkpoint write, after DCP has planned it."""
+    sys.path.insert(0, str(ROOT / "ci"))
+    import local_cluster
+
+    write_data = writer.write_data
+
+    def stalled(*args, **kwargs):
+        pause = threading.Thread(target=local_cluster.pause_storage, args=(CLUSTER_DIR, seconds), daemon=True)
+        pause.start()
+        stalls.append(pause)
+        time.sleep(0.2)
+        return write_data(*args, **kwargs)
+
+    writer.write_data = stalled
+
+
+def test_a_checkpoint_write_outlasts_a_stalled_bucket_or_fails_cleanly(ray_cluster):
+    """helpers.storage.dcp_writer (the Llama notebook's sharded checkpoints) against the S3 server paused
+    (SIGSTOP): each try of a file has a deadline; a stall shorter than the tries' budget costs only time, and
+    the checkpoint loads back equal; a longer one fails the save with `StorageStalled`, and the folder never
+    gets DCP's index, so nothing can mistake it for a checkpoint."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    import helpers
+
+    fs, root = filesystem(ray_cluster["STORAGE_PATH"], ray_cluster)
+    state = {"w": torch.randn(1024, 2048), "b": torch.arange(1000.0)}  # 8 MB: one file
+    quick = {"stall_s": 2.0, "min_rate": 1e12}  # each try: 2 s (the notebook's: 60 s + size at 10 MB/s)
+
+    pauses: list = []
+    writer = helpers.storage.dcp_writer(fs, f"{root}/stall-test/outlasted", tries=4, **quick)
+    _stalls_when_writing(writer, 5.0, pauses)
+    start = time.monotonic()
+    dcp.save(state, storage_writer=writer)  # one process, no process group
+    took = time.monotonic() - start
+    pauses[0].join()
+    # Try 1 gave up after 2 s, and after a backoff of 1 s try 2 (and, if it too ran out of time, try 3 after
+    # 2 s more) wrote the file once the bucket answered again.
+    assert [s["try"] for s in writer.stalls] in ([1], [1, 2]), writer.stalls
+    assert all(s["problem"] == "not done in 2 s" for s in writer.stalls), writer.stalls
+    assert 4.5 < took < 20, took
+    loaded = {"w": torch.zeros(1024, 2048), "b": torch.zeros(1000)}
+    dcp.load(loaded, storage_reader=helpers.storage.dcp_reader(fs, f"{root}/stall-test/outlasted"))
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+    writer = helpers.storage.dcp_writer(fs, f"{root}/stall-test/failed", tries=2, **quick)
+    _stalls_when_writing(writer, 8.0, pauses)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException) as failed:  # DCP reports each rank's failure
+        dcp.save(state, storage_writer=writer)
+    assert "StorageStalled" in str(failed.value) and "not written in 2 tries" in str(failed.value)
+    pauses[1].join()
+    time.sleep(1.0)  # the given-up tries' threads, answered at last, must not complete the checkpoint
+    import pyarrow.fs as pafs
+
+    names = [
+        i.base_name
+        for i in fs.get_file_info(pafs.FileSelector(f"{root}/stall-test/failed", allow_not_found=True))
+    ]
+    assert ".metadata" not in names, names

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import pytest
 from notebook_runs import (
+    NodeLoss,
     check_cluster_run,
     check_plan_matches_shards,
+    execute,
     fetch,
     last_checkpoint_before,
     listing,
     pinned_losses,
-    smoke_nbval,
 )
 
 NAME = "llama_fsdp"
-# The smoke settings (MAX_STEPS, SAVE_STEPS, KILL_WORKER_AT_STEP, the smoke cell's model, ...) are the run's
-# own, from results["parameters"]; the comments quote today's smoke values (24, 12, 16).
-# Steps 13-15 run twice and repeat their losses bit for bit (measured: 0.0); see test_gpt2_deepspeed.
-REPLAY_TOLERANCE = 1e-4
-# The pinned first losses (how measured, tolerance): tests/assets/losses/llama_fsdp.txt
+# The smoke settings (MAX_STEPS, SAVE_STEPS, the smoke cell's model, ...) are the run's own, from
+# results["parameters"]; the comments quote today's values (24 steps, a checkpoint every 6).
+# The pinned losses (tests/assets/losses/llama_fsdp.txt) are an uninterrupted run's, every step, within
+# 0.05: this run's, after losing a node and growing back, were within 0.021 of them (how measured: there).
 # The "will it fit?" plan against what the smoke run measured: per-rank shards (measured: exact, 0 %),
 # and rank 0's peak RSS growth while loading (measured 297.9 MB against a planned 299.8 MB: the fp32 model
 # plus the memory-mapped bf16 checkpoint).
@@ -27,9 +27,24 @@ PLAN_TOLERANCE = 0.02
 LOAD_TOLERANCE = 0.15
 
 
+# The run the tests check: smoke mode, elastic (MIN_WORKERS=1, one 2-CPU node per worker), a checkpoint
+# every SAVE_STEPS steps, no planned worker kill (the other three notebooks test that). `NodeLoss` kills the
+# cluster's second node after the first checkpoint and starts a new one after the next: 2, 1, 2 workers.
+ELASTIC = {"SMOKE_TEST": True, "MIN_WORKERS": 1, "SAVE_STEPS": 6, "KILL_WORKER_AT_STEP": 0}
+# A worker group Ray Train cannot start (the first try after the loss still counts the lost node) is given
+# up after this many seconds, and tried again (Ray's default: 60 s).
+START_TIMEOUT = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
+
+
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory, ray_cluster):
-    return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"), ray_cluster)
+def smoke_run(ray_cluster):
+    # ... and, once back on two workers, the bucket stalls for 25 s in the middle of the last checkpoint's write.
+    with NodeLoss(ray_cluster, run_prefix="llama-2-fsdp_", stall_at_checkpoint=24, stall_s=25) as chaos:
+        results, wall, error = execute(NAME, ELASTIC, "elastic", cluster=ray_cluster, env=START_TIMEOUT)
+    print(f"node loss: {chaos.events}")
+    assert error is None, error
+    results["node_events"] = chaos.events
+    return results, wall
 
 
 @pytest.mark.notebook
@@ -42,8 +57,9 @@ def test_trains_within_the_time_budget(smoke_run):
     pinned = pinned_losses(NAME)
     assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
-    # Two micro-steps of accumulation per step since issue 21: measured 167-198 s (176.6 s in make test).
-    assert results["wall_seconds"] < 220, f"smoke run took {results['wall_seconds']:.0f} s (budget 220 s)"
+    # With the node lost and back (three attempts, a 30 s wait for workers that could not start): measured
+    # XXX s.
+    assert results["wall_seconds"] < 400, f"smoke run took {results['wall_seconds']:.0f} s (budget 400 s)"
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
 
 
@@ -67,29 +83,49 @@ def test_fsdp2_really_shards(smoke_run):
 
 
 @pytest.mark.notebook
-def test_resumes_from_the_sharded_checkpoint(smoke_run, ray_cluster):
+def test_loses_a_node_goes_on_with_one_worker_and_grows_back(smoke_run, ray_cluster):
     results, _ = smoke_run
-    params = results["parameters"]
-    max_steps, kill_at = params["MAX_STEPS"], params["KILL_WORKER_AT_STEP"]
-    # The rank-1 process died before step 16; the last checkpoint before it was step 12 (every 12 steps).
-    resumed_from = last_checkpoint_before(kill_at, params["SAVE_STEPS"])
-    assert 0 < resumed_from < kill_at <= max_steps  # killed after a checkpoint: a resume, not a restart
-    check_cluster_run(results, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
-    assert results["resumed_from_step"] == resumed_from
-    first, second = (
-        {int(s): loss for s, loss in attempt["losses"].items()} for attempt in results["attempts"]
-    )
-    assert [a["resumed_from"] for a in results["attempts"]] == [0, resumed_from]
-    assert sorted(first) == list(range(1, kill_at))
-    assert sorted(second) == list(range(resumed_from + 1, max_steps + 1))
-    # Model, optimizer, schedule and data order restored: the repeated steps repeat their losses.
-    replayed = range(resumed_from + 1, kill_at)
-    assert [second[s] for s in replayed] == pytest.approx([first[s] for s in replayed], abs=REPLAY_TOLERANCE)
-    assert results["replayed_losses"]["first attempt"] == pytest.approx([first[s] for s in replayed])
-    assert results["losses"] == pytest.approx(
-        [first[s] for s in range(1, resumed_from + 1)]
-        + [second[s] for s in range(resumed_from + 1, max_steps + 1)]
-    )
+    params, attempts = results["parameters"], results["attempts"]
+    every, max_steps = params["SAVE_STEPS"], params["MAX_STEPS"]
+    (killed, killed_after, _), (added, _, _), (stalled, _, _) = results["node_events"]
+    assert (killed, added, stalled) == ("node killed", "node added", "storage stalled")
+    # Two workers, one on each node; one on the head node after the loss; two again once a node is back.
+    # The bucket's stall during the last checkpoint cost no attempt: the write waited it out.
+    assert [a["world_size"] for a in attempts] == [2, 1, 2]
+    check_cluster_run(results, ray_cluster, None, None, 0)  # the first attempt's workers: two nodes
+    # The same global batch in every attempt: gradient accumulation made up for the missing worker.
+    assert {a["tokens_per_step"] for a in attempts} == {4 * params["MAX_SEQ_LEN"]}
+    assert [a["micro_steps"] for a in attempts] == [2, 4, 2]
+    steps = [sorted(int(s) for s in a["losses"]) for a in attempts]
+    # Each attempt resumed from the latest checkpoint registered before it started: none lost. The node
+    # died after the first checkpoint; the resize stopped the lone worker after a later one (or while it
+    # wrote the next, which was then never registered).
+    assert attempts[0]["resumed_from_step"] == 0 and attempts[1]["resumed_from_step"] == killed_after == every
+    for before, after in zip(steps, attempts[1:], strict=False):
+        done = before[-1]
+        assert after["resumed_from_step"] in {
+            last_checkpoint_before(done + 1, every),
+            last_checkpoint_before(done, every),
+        }
+    assert (
+        attempts[2]["resumed_from_step"] > attempts[1]["resumed_from_step"]
+    )  # the lone worker made progress
+    for a, s in zip(attempts, steps, strict=True):
+        assert s == list(range(a["resumed_from_step"] + 1, s[-1] + 1))  # no step skipped
+    assert steps[-1][-1] == max_steps
+    # After each resize, the losses stay within the pinned tolerance of an uninterrupted run's.
+    pinned = pinned_losses(NAME)
+    for a in attempts:
+        got = {int(s): loss for s, loss in a["losses"].items()}
+        assert [got[s] for s in got] == pytest.approx(
+            [pinned.losses[s - 1] for s in got], abs=pinned.tolerance
+        )
+    # Every checkpoint the run kept is in the bucket and complete: DCP's index and the trainer state.
+    kept = {name.split("/")[0] for name in listing(results["checkpoint_path"].rsplit("/", 1)[0], ray_cluster)}
+    assert f"checkpoint_{max_steps:06d}" in kept
+    for folder in sorted(k for k in kept if k.startswith("checkpoint_")):
+        files = listing(f"{results['checkpoint_path'].rsplit('/', 1)[0]}/{folder}", ray_cluster)
+        assert {"sharded/.metadata", "trainer_state.json"} <= set(files), (folder, files)
 
 
 @pytest.mark.notebook
@@ -156,17 +192,19 @@ def test_speed_generation_and_attention(smoke_run):
 
 
 @pytest.mark.notebook
-def test_restart_skips_the_pretrained_load_and_reads_only_its_shard(smoke_run):
+def test_restarts_skip_the_pretrained_load_and_reshard_the_checkpoint(smoke_run):
     results, _ = smoke_run
-    # Two attempts, one read of the pretrained weights: the resumed attempt took them from the checkpoint.
-    assert len(results["attempts"]) == 2 and results["pretrained_loads"] == 1
-    # Each rank read its own half of the sharded checkpoint to resume (one ranged read per tensor shard),
-    # not the whole of it: the two halves are the checkpoint, plus the DCP index each reads, less the rank-0-only
-    # bytes entries (measured: 314.7 MB and 314.7 MB of 629.4 MB).
-    kill = results["kill"]
-    per_rank, whole = kill["resume_bytes_per_rank"], kill["checkpoint_bytes"]
-    assert len(per_rank) == 2
-    assert all(b == pytest.approx(whole / 2, rel=0.02) for b in per_rank), (per_rank, whole)
+    attempts = results["attempts"]
+    # Three attempts, one read of the pretrained weights: the others took them from a checkpoint.
+    assert len(attempts) == 3 and results["pretrained_loads"] == 1
+    # DCP reshards on load. The lone worker read the whole of the two workers' checkpoint (both halves, and
+    # the index). The two new workers each read the whole of the lone worker's: each tensor was saved whole,
+    # and a saved piece is read whole by every rank whose shard it overlaps (measured: 629.4 MB each).
+    lone, regrown = attempts[1], attempts[2]
+    assert lone["resume_bytes_per_rank"] == [pytest.approx(lone["checkpoint_bytes"], rel=0.01)]
+    assert len(regrown["resume_bytes_per_rank"]) == 2
+    for read in regrown["resume_bytes_per_rank"]:
+        assert read == pytest.approx(regrown["checkpoint_bytes"], rel=0.01)
 
 
 @pytest.mark.notebook

@@ -44,7 +44,7 @@ def _plan(need: int) -> dict:
 def _attempts(losses: list[float], killed_at: int, resumed_from: int) -> list[dict]:
     first = {str(s): losses[s - 1] + 0.01 for s in range(1, killed_at)}
     second = {str(s): losses[s - 1] for s in range(resumed_from + 1, len(losses) + 1)}
-    return [{"resumed_from": 0, "losses": first}, {"resumed_from": resumed_from, "losses": second}]
+    return [{"resumed_from_step": 0, "losses": first}, {"resumed_from_step": resumed_from, "losses": second}]
 
 
 LLAMA_LOSSES = [6.4 - 0.22 * s for s in range(24)]
