@@ -58,6 +58,16 @@ def _common(p: dict, total_steps: int | None = None) -> None:
 ELASTIC_REFUSED = {
     "gpt2_deepspeed": "DeepSpeed ZeRO checkpoints hold one partition per rank and load only at the world "
     "size that wrote them (DeepSpeed's universal checkpoint format, converted offline, would lift that)",
+    # These two checkpoints would load at any world size (DDP's is whole; Dolly's sharded one goes through
+    # DCP); what ties them to NUM_WORKERS is how the data is fed.
+    "glue_text_classification": "its checkpoint would load on any number of workers, but the Trainer's steps "
+    "per epoch are counted for NUM_WORKERS workers (a Ray Data shard has no length), and after a resume the "
+    "Trainer finds its place by skipping batches of its own shard: on fewer workers the global batch and "
+    "that place would change. The Llama notebook shows a loop that keeps both",
+    "dolly_lightning_fsdp": "its sharded checkpoint would load on any number of workers (through DCP), but "
+    "each epoch's steps are counted for NUM_WORKERS shards of Ray Data, and Lightning's batch is per worker: "
+    "on fewer workers the global batch and the place in the data after a resume would change. The Llama "
+    "notebook shows a loop that keeps both",
 }
 
 

@@ -127,6 +127,33 @@ def test_run_log_prints_a_line_per_interval_and_the_restart():
     assert log.lines_since(4) == log.lines[4:]
 
 
+def test_run_log_keeps_each_attempts_world_size_and_says_when_it_changes():
+    # An elastic run (the Llama notebook's MIN_WORKERS): 2 workers, 1 after a node is lost, 2 again.
+    log = RunLog(total_steps=9, print_every=3)
+    log.start_attempt(0, world_size=2, micro_steps=2, tokens_per_step=512)
+    log.log(1, 6.0)
+    log.start_attempt(0, world_size=1, micro_steps=4, tokens_per_step=512)
+    log.log(1, 6.0)
+    log.start_attempt(
+        6, world_size=2, micro_steps=2, tokens_per_step=512, resume_bytes_per_rank=[5, 5], checkpoint_bytes=9
+    )
+    assert (
+        log.lines[0]
+        == "Ray Train started a new worker group of 1 worker (was 2) (attempt 2); it resumes from the start: no checkpoint had been reported yet"
+    )
+    assert (
+        log.lines[-1]
+        == "Ray Train started a new worker group of 2 workers (was 1) (attempt 3); it resumes from the checkpoint at step 6"
+    )
+    attempts = log.attempt_losses()
+    assert [(a["world_size"], a["resumed_from_step"], a["micro_steps"]) for a in attempts] == [
+        (2, 0, 2),
+        (1, 0, 4),
+        (2, 6, 2),
+    ]
+    assert attempts[0]["losses"] == {"1": 6.0} and attempts[2]["resume_bytes_per_rank"] == [5, 5]
+
+
 def test_show_progress_prints_every_line_once_in_order(capsys):
     import ray
 

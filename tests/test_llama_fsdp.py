@@ -3,6 +3,8 @@ a consolidated export, checked by the numbers the lesson claims."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from notebook_runs import (
     NodeLoss,
@@ -38,8 +40,8 @@ START_TIMEOUT = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
 
 @pytest.fixture(scope="module")
 def smoke_run(ray_cluster):
-    # ... and, once back on two workers, the bucket stalls for 25 s in the middle of the last checkpoint's write.
-    with NodeLoss(ray_cluster, run_prefix="llama-2-fsdp_", stall_at_checkpoint=24, stall_s=25) as chaos:
+    # ... and, once back on two workers, the bucket stalls for 20 s in the middle of the last checkpoint's write.
+    with NodeLoss(ray_cluster, run_prefix="llama-2-fsdp_", stall_at_checkpoint=24, stall_s=20) as chaos:
         results, wall, error = execute(NAME, ELASTIC, "elastic", cluster=ray_cluster, env=START_TIMEOUT)
     print(f"node loss: {chaos.events}")
     assert error is None, error
@@ -57,9 +59,9 @@ def test_trains_within_the_time_budget(smoke_run):
     pinned = pinned_losses(NAME)
     assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
-    # With the node lost and back (three attempts, a 30 s wait for workers that could not start): measured
-    # XXX s.
-    assert results["wall_seconds"] < 400, f"smoke run took {results['wall_seconds']:.0f} s (budget 400 s)"
+    # With the node lost and back (three attempts, a 30 s wait for workers that could not start) and the
+    # bucket's 25 s stall: measured 223 s (the uninterrupted lesson with its worker kill: 167-198 s).
+    assert results["wall_seconds"] < 300, f"smoke run took {results['wall_seconds']:.0f} s (budget 300 s)"
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
 
 
@@ -123,7 +125,7 @@ def test_loses_a_node_goes_on_with_one_worker_and_grows_back(smoke_run, ray_clus
     # Every checkpoint the run kept is in the bucket and complete: DCP's index and the trainer state.
     kept = {name.split("/")[0] for name in listing(results["checkpoint_path"].rsplit("/", 1)[0], ray_cluster)}
     assert f"checkpoint_{max_steps:06d}" in kept
-    for folder in sorted(k for k in kept if k.startswith("checkpoint_")):
+    for folder in sorted(k for k in kept if re.fullmatch(r"checkpoint_\d{6}", k)):
         files = listing(f"{results['checkpoint_path'].rsplit('/', 1)[0]}/{folder}", ray_cluster)
         assert {"sharded/.metadata", "trainer_state.json"} <= set(files), (folder, files)
 
