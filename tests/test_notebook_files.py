@@ -66,7 +66,7 @@ LESSON_CODE = re.compile(
 )
 SECTIONS = [  # headings every notebook has, in this order
     "## Set up",
-    "## Going further: when a worker dies",
+    "## Going further: when a worker",  # dies; Llama: "or a node dies"
     "## What the run showed",
     "## Next steps",
     "## Exercises",
