@@ -283,8 +283,8 @@ def dcp_writer(
     file of its own), so that a rank holds at most one file's tensors in host RAM. Pass it as
     `storage_writer=`, without `checkpoint_id` (which would reset it to a local path).
 
-    A storage that stalls or fails costs time, not the checkpoint: each file is written in a thread that
-    has `stall_s` plus its size at `min_rate` to finish; a try that fails or runs out of time is given up
+    A storage that stalls or fails costs time, not the checkpoint: each data file (and rank 0's index,
+    `.metadata`) is written in a thread that has `stall_s` plus its size at `min_rate` to finish; a try that fails or runs out of time is given up
     and the file written again after a backoff, up to `tries` tries (`writer.stalls` lists each one given
     up), and then `StorageStalled` fails the save, before the checkpoint is reported.
     """
@@ -318,45 +318,59 @@ def dcp_writer(
             return done
 
         def _write_file(self, entry, planner) -> list:
-            """One file, in a thread with a deadline; given up and written again after a stall or error."""
+            """One data file (a queue of one entry: torch's writer takes files from a queue)."""
+
+            def write() -> list:
+                files: queue.Queue = queue.Queue()
+                files.put(entry)
+                return FsspecWriter._write_data(self, planner, files).value()
+
             size = sum(_item_size(i) for i in entry[2] if i.type != WriteItemType.BYTE_IO)
-            deadline = stall_s + size / min_rate
-            problem = "no error"
-            for attempt in range(1, tries + 1):
-                outcome: dict = {}
-                abandoned = threading.Event()
+            return _with_deadline(entry[0], size, write)
 
-                def write(outcome=outcome, abandoned=abandoned) -> None:
-                    _ABANDONED[threading.get_ident()] = abandoned
-                    try:
-                        files: queue.Queue = queue.Queue()
-                        files.put(entry)
-                        outcome["results"] = FsspecWriter._write_data(self, planner, files).value()
-                    except BaseException as exc:  # noqa: BLE001 - reported below, then tried again
-                        outcome["error"] = exc
-                    finally:
-                        _ABANDONED.pop(threading.get_ident(), None)
+        def finish(self, metadata, results) -> None:
+            # Rank 0's index, `.metadata`: written to a temporary name, then renamed.
+            path = f"{self.path}/.metadata"
+            _with_deadline(path, 0, lambda: FsspecWriter.finish(self, metadata, results))
 
-                thread = threading.Thread(target=write, name=f"dcp-write-{entry[1]}", daemon=True)
-                thread.start()
-                thread.join(deadline)
-                if "results" in outcome:
-                    if attempt > 1:
-                        log.warning("%s: written on try %d of %d", entry[0], attempt, tries)
-                    return outcome["results"]
-                abandoned.set()
-                if "error" in outcome and not isinstance(outcome["error"], OSError):
-                    raise outcome["error"]  # not the storage: nothing to wait out
-                problem = repr(outcome["error"]) if "error" in outcome else f"not done in {deadline:.0f} s"
-                log.warning("%s: try %d of %d failed (%s)", entry[0], attempt, tries, problem)
-                writer.stalls.append({"file": entry[1], "try": attempt, "problem": problem})
-                if attempt < tries:
-                    time.sleep(min(2 ** (attempt - 1), 30))  # backoff: 1, 2, 4, ... s
-            raise StorageStalled(
-                f"{entry[0]}: not written in {tries} tries ({deadline:.0f} s each, last: {problem}). The "
-                "storage stalled or failed: this checkpoint is not registered, and the run restarts from "
-                "the last one that is."
-            )
+    def _with_deadline(what: str, size: int, work):
+        """`work()` in a thread that has `stall_s` plus `size` at `min_rate` to finish; after a stall or an
+        OSError, given up (its stream never written or closed again) and run again after a backoff."""
+        deadline = stall_s + size / min_rate
+        problem = "no error"
+        for attempt in range(1, tries + 1):
+            outcome: dict = {}
+            abandoned = threading.Event()
+
+            def run(outcome=outcome, abandoned=abandoned) -> None:
+                _ABANDONED[threading.get_ident()] = abandoned
+                try:
+                    outcome["result"] = work()
+                except BaseException as exc:  # noqa: BLE001 - reported below, then tried again
+                    outcome["error"] = exc
+                finally:
+                    _ABANDONED.pop(threading.get_ident(), None)
+
+            thread = threading.Thread(target=run, name=f"dcp-write-{what.rsplit('/', 1)[-1]}", daemon=True)
+            thread.start()
+            thread.join(deadline)
+            if "result" in outcome:
+                if attempt > 1:
+                    log.warning("%s: written on try %d of %d", what, attempt, tries)
+                return outcome["result"]
+            abandoned.set()
+            if "error" in outcome and not isinstance(outcome["error"], OSError):
+                raise outcome["error"]  # not the storage: nothing to wait out
+            problem = repr(outcome["error"]) if "error" in outcome else f"not done in {deadline:.0f} s"
+            log.warning("%s: try %d of %d failed (%s)", what, attempt, tries, problem)
+            writer.stalls.append({"file": what.rsplit("/", 1)[-1], "try": attempt, "problem": problem})
+            if attempt < tries:
+                time.sleep(min(2 ** (attempt - 1), 30))  # backoff: 1, 2, 4, ... s
+        raise StorageStalled(
+            f"{what}: not written in {tries} tries ({deadline:.0f} s each, last: {problem}). The storage "
+            "stalled or failed: this checkpoint is not registered, and the run restarts from the last one "
+            "that is."
+        )
 
     writer = BoundedFileWriter(path, sync_files=False)  # fsync means nothing for an object store
     writer.stalls = []  # each try given up: {"file", "try", "problem"}

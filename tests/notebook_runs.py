@@ -162,7 +162,7 @@ class NodeLoss:
                 steps = self._checkpoints(fs, root, known)
                 if killed_after is None and steps:
                     time.sleep(self.registered_after_s)  # its report collected: the checkpoint is registered
-                    cluster.kill_node(CLUSTER_DIR)
+                    self._kill_node(cluster)
                     killed_after = steps[-1]
                     self.events.append(("node killed", killed_after, time.monotonic() - start))
                 elif killed_after is not None and steps and steps[-1] > killed_after:
@@ -184,6 +184,21 @@ class NodeLoss:
                     return
         except BaseException as exc:  # noqa: BLE001 - reported by __exit__
             self.error = exc
+
+    @staticmethod
+    def _kill_node(cluster) -> None:
+        """`make cluster-kill-node`, checked: every process of the node is gone, the head untouched."""
+        import psutil
+
+        records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
+        head = next(r for r in records if r["name"] == "ray-head")
+        node = [r for r in records if r["name"].startswith("ray-node-") and cluster._running(r)][-1]
+        root = psutil.Process(node["pid"])
+        doomed = [root, *root.children(recursive=True)]  # its raylet (with the object store), agents, workers
+        assert cluster.kill_node(CLUSTER_DIR) == node["name"]
+        alive = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"processes of {node['name']} still running: {alive}"
+        assert cluster._running(head), "the head node was touched"
 
     def _s3_client(self):
         import boto3

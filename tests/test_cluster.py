@@ -184,33 +184,6 @@ def test_make_clean_touches_only_the_project_and_waits_for_the_cluster(ray_clust
     assert idle.returncode == 1 and str(CLUSTER_DIR) in idle.stderr, idle.stderr
 
 
-def test_a_node_killed_like_a_reclaimed_instance_and_one_added_back(tmp_path):
-    import local_cluster
-    import psutil
-
-    # A cluster of its own (the session's serves the other tests): a head and one node of 1 CPU each, the
-    # head declaring a silent node dead after 3 missed health checks of 1 s.
-    state, env_file = tmp_path / "state", tmp_path / "cluster.env"
-    driver = local_cluster.up(state, env_file, nodes=2, cpus_per_node=1, object_store_mb=100, node_death_s=3)
-    try:
-        records = json.loads((state / "state.json").read_text())["processes"]
-        head = next(r for r in records if r["name"] == "ray-head")
-        node = psutil.Process(next(r for r in records if r["name"] == "ray-node-1")["pid"])
-        doomed = [node, *node.children(recursive=True)]  # its raylet (with the object store) and agents
-        start = time.perf_counter()
-        assert local_cluster.kill_node(state) == "ray-node-1"
-        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in doomed)
-        assert local_cluster._running(head)  # nothing else was touched
-        while local_cluster._alive_nodes(driver["RAY_ADDRESS"], local_cluster.node_env(state, 0, {})) > 1:
-            assert time.perf_counter() - start < 30, "the head did not declare the node dead"
-            time.sleep(0.5)
-        dead_after = time.perf_counter() - start
-        assert local_cluster.add_node(state, env_file) == "ray-node-2"  # returns once the head counts it
-        print(f"node declared dead after {dead_after:.1f} s; a new one joined")
-    finally:
-        local_cluster.down(state, env_file, quiet=True)
-
-
 def _stalls_when_writing(writer, seconds: float, stalls: list) -> None:
     """The test cluster's bucket stops answering for `seconds` (`make cluster-pause-storage`) as `writer`
     starts writing its data files: in the middle of a checkpoint write, after DCP has planned it."""
@@ -241,26 +214,26 @@ def test_a_checkpoint_write_outlasts_a_stalled_bucket_or_fails_cleanly(ray_clust
 
     fs, root = filesystem(ray_cluster["STORAGE_PATH"], ray_cluster)
     state = {"w": torch.randn(1024, 2048), "b": torch.arange(1000.0)}  # 8 MB: one file
-    quick = {"stall_s": 2.0, "min_rate": 1e12}  # each try: 2 s (the notebook's: 60 s + size at 10 MB/s)
+    quick = {"stall_s": 1.0, "min_rate": 1e12}  # each try: 1 s (the notebook's: 60 s + size at 10 MB/s)
 
     pauses: list = []
     writer = helpers.storage.dcp_writer(fs, f"{root}/stall-test/outlasted", tries=4, **quick)
-    _stalls_when_writing(writer, 5.0, pauses)
+    _stalls_when_writing(writer, 3.0, pauses)
     start = time.monotonic()
     dcp.save(state, storage_writer=writer)  # one process, no process group
     took = time.monotonic() - start
     pauses[0].join()
-    # Try 1 gave up after 2 s, and after a backoff of 1 s try 2 (and, if it too ran out of time, try 3 after
+    # Try 1 gave up after 1 s, and after a backoff of 1 s try 2 (and, if it too ran out of time, try 3 after
     # 2 s more) wrote the file once the bucket answered again.
     assert [s["try"] for s in writer.stalls] in ([1], [1, 2]), writer.stalls
-    assert all(s["problem"] == "not done in 2 s" for s in writer.stalls), writer.stalls
-    assert 4.5 < took < 20, took
+    assert all(s["problem"] == "not done in 1 s" for s in writer.stalls), writer.stalls
+    assert 2.8 < took < 15, took
     loaded = {"w": torch.zeros(1024, 2048), "b": torch.zeros(1000)}
     dcp.load(loaded, storage_reader=helpers.storage.dcp_reader(fs, f"{root}/stall-test/outlasted"))
     assert all(torch.equal(loaded[k], state[k]) for k in state)
 
     writer = helpers.storage.dcp_writer(fs, f"{root}/stall-test/failed", tries=2, **quick)
-    _stalls_when_writing(writer, 8.0, pauses)
+    _stalls_when_writing(writer, 5.0, pauses)
     from torch.distributed.checkpoint.api import CheckpointException
 
     with pytest.raises(CheckpointException) as failed:  # DCP reports each rank's failure
