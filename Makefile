@@ -41,7 +41,7 @@ SPHINX_OPTS := -W --keep-going -E -b html  # warnings are errors (all reported),
 # DOCS_EXECUTE is on unless unset or 0/false/no (as docs/conf.py reads it)
 DOCS_EXECUTED := $(filter-out 0 false False FALSE no No NO,$(DOCS_EXECUTE))
 
-.PHONY: install run test docs lint clean cluster-up cluster-down cluster-kill-node cluster-add-node cluster-pause-storage
+.PHONY: install run test docs lint clean cluster-up cluster-down cluster-kill-node cluster-add-node cluster-pause-storage job
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,15 @@ cluster-kill-node:
 # A new second node, joining the same head with the same credentials (after cluster-kill-node).
 cluster-add-node:
 	$(BIN)/python ci/local_cluster.py add-node
+
+# A notebook as a Ray Job on the cluster in cluster.env (make cluster-up), in smoke mode unless ARGS says
+# otherwise: make job NOTEBOOK=glue_text_classification ARGS="-p TASK stsb". The project's files are the job's
+# working_dir (helpers shipped with it); the executed notebook goes to $STORAGE_PATH/jobs/<job id>/.
+JOB_ARGS ?= -p SMOKE_TEST True
+job: install
+	@test -f cluster.env || { echo "No cluster.env: start the local cluster first (make cluster-up)."; exit 1; }
+	@test -n "$(NOTEBOOK)" || { echo "NOTEBOOK=<name> is required, e.g. make job NOTEBOOK=glue_text_classification"; exit 1; }
+	. ./cluster.env && $(BIN)/python ci/submit_job.py $(NOTEBOOK) $(JOB_ARGS) $(ARGS)
 
 # Storage that stalls: the bucket answers nothing for SECONDS (the S3 server paused, then resumed).
 SECONDS ?= 25

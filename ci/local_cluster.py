@@ -9,6 +9,8 @@ What `up` starts, each as a child process whose id it records (in .cluster/state
 
 - an S3 API server (moto's, as in Ray's own storage tests, behind ci/s3_server.py's guard: loopback only,
   no requests from web pages, no moto API) with one bucket;
+- an MLflow tracking server on loopback (`MLFLOW_TRACKING_URI`): runs in SQLite in the state folder,
+  artifacts in the bucket;
 - a Ray head node and a second Ray node (`ray start --block`, two raylets with an object store
   each), with Ray's token authentication on (the token is in .cluster/auth_token, never in
   ~/.ray) and the bucket's credentials in each node's environment, as instance credentials are
@@ -16,7 +18,9 @@ What `up` starts, each as a child process whose id it records (in .cluster/state
 
 `cluster.env` holds what a driver needs, set the way a user sets them for an S3-compatible bucket:
 `RAY_ADDRESS`, the token variables, `STORAGE_PATH=s3://...`, `AWS_ACCESS_KEY_ID`,
-`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, `AWS_REGION`. `source cluster.env`, then run a notebook.
+`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, `AWS_REGION`, `MLFLOW_TRACKING_URI`, and `RAY_API_SERVER_ADDRESS`
+(the head's dashboard, where Ray Jobs are submitted). `source cluster.env`, then run a notebook, or submit
+it as a Ray Job (`make job NOTEBOOK=...`).
 
 `cluster.env`, `.cluster/state.json` and the token file are created readable by their owner only (0600).
 
@@ -149,6 +153,9 @@ def node_env(
         )
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
+    # A Ray Job's entry point (`python -m papermill ...`) runs this project's Python, as a cluster's image
+    # puts its own first on PATH.
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
     return env
 
 
@@ -157,6 +164,19 @@ def _node_command(temp_dir: str, cpus: int, object_store_mb: int) -> list[str]:
     cmd += [f"--num-cpus={cpus}", f"--object-store-memory={object_store_mb * 1024**2}"]
     cmd += [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"]
     return cmd + ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
+
+
+def _mlflow_command(state_dir: Path, port: int) -> list[str]:
+    return [
+        str(BIN / "mlflow"),
+        "server",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--workers=1",
+        f"--backend-store-uri=sqlite:///{state_dir.resolve() / 'mlflow.db'}",
+        "--serve-artifacts",
+        f"--artifacts-destination=s3://{BUCKET}/mlflow",
+    ]
 
 
 def _held(state: dict) -> str | None:
@@ -250,7 +270,15 @@ def up(
         )
         s3.create_dir(BUCKET)
 
-        gcs_port = free_port()
+        # The MLflow tracking server: runs in SQLite in the state folder (kept across clusters), artifacts
+        # in the bucket, which the server writes for its clients (--serve-artifacts). Telemetry off.
+        mlflow_port = free_port()
+        mlflow_env = {**env, "MLFLOW_DISABLE_TELEMETRY": "true"}
+        mlflow = _start(_mlflow_command(state_dir, mlflow_port), logs / "mlflow.log", mlflow_env)
+        state["processes"].append(_record(mlflow, "mlflow"))
+        save()
+
+        gcs_port, dashboard_port = free_port(), free_port()
         address = f"127.0.0.1:{gcs_port}"
         # What `add_node` needs to start another node like these (the secret stays in cluster.env).
         state["node_config"] = {
@@ -264,7 +292,9 @@ def up(
             head = index == 0
             cmd = _node_command(temp_dirs[index], cpus_per_node, object_store_mb)
             if head:
-                cmd += ["--head", f"--port={gcs_port}", "--include-dashboard=false"]
+                # The dashboard, on loopback behind the same token, serves Ray Jobs (`ray job submit`).
+                cmd += ["--head", f"--port={gcs_port}", "--include-dashboard=true"]
+                cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
             else:
                 cmd += [f"--address={address}"]
             name = "ray-head" if head else f"ray-node-{index}"
@@ -281,6 +311,7 @@ def up(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {nodes} Ray nodes alive after 90 s; logs in {logs}")
             time.sleep(1)
+        _wait_for_port(mlflow_port, mlflow, "the MLflow tracking server", logs / "mlflow.log", timeout=90)
     except BaseException:
         down(state_dir, env_file, quiet=True)
         raise
@@ -293,6 +324,8 @@ def up(
         **credentials,
         "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
         "AWS_REGION": env["AWS_REGION"],
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}",
+        "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}",  # `ray job submit` goes here
     }
     # The secret stays in cluster.env alone (and in the nodes' environment).
     shown = {k: v for k, v in driver.items() if k != "AWS_SECRET_ACCESS_KEY"}

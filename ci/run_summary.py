@@ -227,6 +227,12 @@ def _fact_cluster(r: dict) -> Iterable[Fact]:
         yield "Attention", _e(r["attn_implementation"])
     if r.get("checkpoint_path"):
         yield "Checkpoint", f"<code>{_e(r['checkpoint_path'])}</code>"
+    if r.get("mlflow_run_id"):
+        where = r.get("mlflow") or {}
+        run = f"<code>{_e(r['mlflow_run_id'])}</code>"
+        if where.get("run_url"):
+            run = f"<a href='{_e(where['run_url'])}'>{run}</a>"
+        yield "MLflow run", f"{run} <span class=dim>in {_e(where.get('tracking_uri', ''))}</span>"
 
 
 FACTS: list[Callable[[dict], Iterable[Fact]]] = [

@@ -1,10 +1,11 @@
 """Shared plumbing for the notebooks: tiny local models, fixtures, a Ray that never hangs,
-parameter checks, sharding proofs, results files and plots.
+parameter checks, sharding proofs, results files, plots and MLflow tracking.
 
 The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) stay in the
 notebooks; this package holds only set-up a learner should not have to wade through.
 """
 
+from . import tracking  # helpers.tracking: MLflow runs (start_run, StepLogger, ...)
 from .cache import cache_dir
 from .checks import check_cluster, check_parameters
 from .cluster import (
@@ -97,6 +98,7 @@ __all__ = [
     "smoke_overrides",
     "start_ray",
     "tiny_model",
+    "tracking",
     "write_results",
     "zero_partition_fraction",
     "zero_state_bytes",

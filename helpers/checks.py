@@ -9,8 +9,8 @@ Used by the "Set up" cell of every notebook:
   downloaded and no GPU is requested before it has passed.
 - `check_cluster(notebook, globals())`, after `helpers.start_ray`: the Ray cluster can run the workers
   at all (`fit()` would otherwise wait forever), every node can write to `STORAGE_PATH` (the workers
-  write the checkpoints), and, for Llama, every node has the weights before the first collective's
-  timeout starts.
+  write the checkpoints), every worker can reach the MLflow store (`helpers.tracking`), and, for Llama,
+  every node has the weights before the first collective's timeout starts.
 
 The per-notebook rules are here, not in the notebooks, so that the lesson starts on the first screen;
 the parameters cell's comments say what each parameter allows.
@@ -330,7 +330,8 @@ def check_parameters(notebook: str, namespace: dict):
     papermill passed that the notebook does not have; each value; `STORAGE_PATH` (a small object is
     written and deleted there); the plan, from the model's architecture only (`helpers.plan`: counted
     on PyTorch's `meta` device, nothing downloaded; a row that does not fit stops here, one above 85 %
-    warns); then whether the model and the data can be reached and the sequence fits the model.
+    warns); then whether the model and the data can be reached and the sequence fits the model; and
+    last, that MLflow can track the run (`MLFLOW_TRACKING_URI`: a server answers, no credentials in it).
     """
     from .cluster import quiet_deepspeed_on_cpu
     from .smoke import check_parameter_names
@@ -357,6 +358,9 @@ def check_parameters(notebook: str, namespace: dict):
     else:
         check_max_positions("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], p["MODEL_NAME"])
         check_source_available("DATASET_NAME", p["DATASET_NAME"], "dataset")
+    from .tracking import check_tracking
+
+    check_tracking()  # last: the checks above need no MLflow
     model = p["MODEL_NAME"].rstrip("/").split("/")[-1]
     print(f"Parameters OK: {model} on {p['NUM_WORKERS']} workers, checkpoints in {redact(p['STORAGE_PATH'])}")
     return plan
@@ -367,6 +371,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     checkpoints? For Llama, each node also fetches the weights now (`prefetch_model_on_nodes`)."""
     from .cluster import check_resources, prefetch_model_on_nodes
     from .storage import check_storage_from_nodes
+    from .tracking import check_tracking_from_nodes, tracking_uri
 
     _notebook(notebook)
     p = namespace
@@ -390,7 +395,8 @@ def check_cluster(notebook: str, namespace: dict) -> None:
         if fewest == p["NUM_WORKERS"]
         else f"{fewest} to {p['NUM_WORKERS']} workers"
     )
-    print(f"Cluster OK: room for {room}{where}")
+    check_tracking_from_nodes()
+    print(f"Cluster OK: room for {room}{where}; runs tracked in MLflow at {redact(tracking_uri())}")
 
 
 # ---- the cheapest cluster that fits: each instance type, full fine-tuning against LoRA ------------------

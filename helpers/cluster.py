@@ -117,7 +117,7 @@ HUB_ENV_VARS = (
 # The Hub token (gated models: meta-llama) goes to every worker too, but never as an environment variable of
 # the job: Ray logs a job's runtime environment in full (runtime_env_agent.log, a world-readable file on
 # every node) and keeps it in the job table that the dashboard and `ray list jobs --detail` show. It
-# travels instead inside the job's worker setup hook (`_hub_token_hook`), a function Ray stores with the
+# travels instead inside the job's worker setup hook (`_secrets_hook`), a function Ray stores with the
 # job's other functions and runs in each worker process before any task.
 HUB_TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
@@ -128,6 +128,13 @@ HUB_TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 OUTSIDE_ENV_VARS = (
     "RAY_ADDRESS",
     "STORAGE_PATH",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_RUN_ID",
+    "DATABRICKS_HOST",
+    "DATABRICKS_TOKEN",
     "RAY_AUTH_MODE",
     "RAY_AUTH_TOKEN",
     "RAY_AUTH_TOKEN_PATH",
@@ -145,15 +152,16 @@ def forget_outside_cluster(environ=os.environ) -> list[str]:
     return names
 
 
-def _hub_token_hook(token: str, var: str):
-    """A `worker_process_setup_hook` that sets the Hub token in a worker's environment."""
+def _secrets_hook(secrets: dict[str, str]):
+    """A `worker_process_setup_hook` that sets `secrets` (the Hub token, a tracking server's token) in a
+    worker's environment."""
 
-    def set_hub_token() -> None:
+    def set_secrets() -> None:
         import os
 
-        os.environ[var] = token
+        os.environ.update(secrets)
 
-    return set_hub_token
+    return set_secrets
 
 
 def quiet_deepspeed_on_cpu() -> None:
@@ -256,22 +264,46 @@ def job_runtime_env(attach: bool) -> dict:
       settings (`HUB_ENV_VARS`), and its collective communication settings (`NCCL_*`, `TORCH_NCCL_*`, and
       libfabric's `FI_*` for EFA instances): set in the notebook, they would otherwise reach no worker on
       another node.
-    - `worker_process_setup_hook`, where the driver has a Hub token (`HF_TOKEN`): sets it in each worker
-      process, so that it is in no log and no job table (see `HUB_TOKEN_VARS`).
+    - MLflow's: where runs are tracked (`MLFLOW_TRACKING_URI`, `helpers.tracking`) and its telemetry off.
+    - `worker_process_setup_hook`, where the driver has a Hub token (`HF_TOKEN`) or a tracking server's
+      credentials (`MLFLOW_TRACKING_TOKEN`, ...): sets them in each worker process, so that they are in no
+      log and no job table (see `HUB_TOKEN_VARS`).
     - `py_modules` (when attaching to a cluster): this `helpers` package, uploaded with the job, so
       that training functions can import it on nodes where the project is not installed.
     """
     import helpers
 
-    env_vars = {**WORKER_ENV, **{v: os.environ[v] for v in HUB_ENV_VARS if v in os.environ}}
+    from .tracking import OFFLINE_ENV, TRACKING_ENV_VARS, TRACKING_SECRET_VARS
+
+    passed = (*HUB_ENV_VARS, *TRACKING_ENV_VARS)
+    env_vars = {**WORKER_ENV, **OFFLINE_ENV, **{v: os.environ[v] for v in passed if v in os.environ}}
     env_vars.update({k: v for k, v in os.environ.items() if k.startswith(COMMUNICATION_ENV_PREFIXES)})
     runtime_env: dict = {"env_vars": env_vars}
-    token = next(((v, os.environ[v]) for v in HUB_TOKEN_VARS if os.environ.get(v)), None)
-    if token:
-        runtime_env["worker_process_setup_hook"] = _hub_token_hook(token[1], token[0])
-    if attach:
+    hub_token = next((v for v in HUB_TOKEN_VARS if os.environ.get(v)), None)  # the first one set
+    secrets = {v: os.environ[v] for v in TRACKING_SECRET_VARS if os.environ.get(v)}
+    if hub_token:
+        secrets[hub_token] = os.environ[hub_token]
+    if secrets:
+        runtime_env["worker_process_setup_hook"] = _secrets_hook(secrets)
+    job = _job_runtime_env()
+    if job is not None:  # in a Ray Job: what it sets reaches every worker already, and Ray refuses twice
+        for key in job.get("env_vars") or {}:
+            env_vars.pop(key, None)
+        for field in set(job) & {"worker_process_setup_hook", "py_modules"}:
+            runtime_env.pop(field, None)
+    if attach and not (job or {}).get("working_dir"):  # a job's working_dir ships helpers already
         runtime_env["py_modules"] = [helpers]
     return runtime_env
+
+
+def _job_runtime_env() -> dict | None:
+    """In the driver of a submitted Ray Job (`ray job submit`): the job's runtime environment (e.g. its
+    `working_dir`, which holds this project's `helpers`, and its `env_vars`); None outside a job. Ray
+    merges it with the one `ray.init` is given and raises on a field, or a variable, set in both."""
+    import json
+
+    config = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    return (json.loads(config).get("runtime_env") or {}) if config else None
 
 
 def start_ray(
@@ -293,6 +325,7 @@ def start_ray(
     import ray
 
     from .cache import cache_dir
+    from .tracking import configure as configure_tracking
 
     for var, value in {**RAY_ENV, **({} if os.environ.get("RAY_ADDRESS") else LOCAL_RAY_ENV)}.items():
         os.environ.setdefault(var, value)
@@ -300,6 +333,7 @@ def start_ray(
     # Ray Train v2 prints a deprecation hint per call for this; the notebooks use the v2 API.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
     attach = bool(os.environ.get("RAY_ADDRESS"))
+    configure_tracking()  # MLFLOW_TRACKING_URI set (or the embedded store) before the workers start
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
         kwargs.update(init_kwargs)

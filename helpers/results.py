@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["REQUIRED_KEYS", "Stopwatch", "write_results"]
 
-REQUIRED_KEYS = ("notebook", "smoke_test", "wall_seconds", "losses", "checkpoint_path")
+REQUIRED_KEYS = ("notebook", "smoke_test", "wall_seconds", "losses", "checkpoint_path", "mlflow_run_id")
 
 
 class Stopwatch:
@@ -43,7 +43,15 @@ def write_results(path: str, **results) -> dict | None:
     Checks the keys every notebook promises (`REQUIRED_KEYS`), that the losses are finite
     numbers and that `checkpoint_path` (a folder, or a URI such as `s3://bucket/...`) exists, so a
     broken run cannot write a results file that looks fine.
+
+    With `mlflow_run_id`, it also ends that MLflow run, path or not: the results' numbers, the checkpoint's
+    URI and the kill go into the run, and the run is marked finished (`helpers.tracking.finish_run`); the
+    results then say where the run is (`mlflow`: tracking URI, experiment, the run's page on a server).
     """
+    if results.get("mlflow_run_id"):
+        from .tracking import finish_run
+
+        results["mlflow"] = finish_run(results["mlflow_run_id"], results)  # where to find the run
     if not path:
         return None
     missing = [k for k in REQUIRED_KEYS if k not in results]

@@ -278,6 +278,27 @@ def execute(
     return results, wall, error
 
 
+def run_as_job(
+    name: str, parameters: dict, tag: str, *, cluster: Mapping[str, str], timeout: int = 600
+) -> tuple[dict | None, float, str, str]:
+    """Run notebooks/<name>.ipynb as a Ray Job on `cluster` (ci/submit_job.py, as `make job` does); return
+    (results JSON, wall seconds, the job's status, its id). The cluster's variables must be set already.
+    The job writes its results JSON here: the cluster's nodes are this machine."""
+    sys.path.insert(0, str(ROOT / "ci"))
+    import submit_job
+
+    assert os.environ.get("RAY_API_SERVER_ADDRESS") == cluster["RAY_API_SERVER_ADDRESS"], "set the variables"
+    results_path = ARTIFACTS / "notebooks" / f"{name}-{tag}.json"
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.unlink(missing_ok=True)
+    args = [f"-p {k} {v}" for k, v in {**parameters, "RESULTS_PATH": results_path}.items()]
+    start = time.perf_counter()
+    job_id, _ = submit_job.submit(name, " ".join(args).split())
+    status = submit_job.wait(job_id, timeout_s=timeout)
+    results = json.loads(results_path.read_text()) if results_path.exists() else None
+    return results, time.perf_counter() - start, status, job_id
+
+
 def run_nbval(
     name: str, env: dict, cluster: Mapping[str, str], timeout: int = 600
 ) -> tuple[subprocess.CompletedProcess, float]:
@@ -841,11 +862,13 @@ def check_cluster_run(
     resumed_from: int | None,
     tolerance: float,
 ) -> None:
-    """What every notebook must show on the cluster: two nodes, a bucket, one real restart that replays."""
+    """What every notebook must show on the cluster: two nodes, a bucket, one real restart that replays, and
+    the run in the cluster's MLflow server (`check_tracked_run`)."""
     ids = results["worker_node_ids"]
     assert len(ids) == 2 and len(set(ids)) == 2, f"workers not on two Ray nodes: {ids}"
     assert results["checkpoint_path"].startswith("s3://"), results["checkpoint_path"]
     assert listing(results["checkpoint_path"], cluster), "the reported checkpoint is not in the bucket"
+    check_tracked_run(results, cluster)
     if kill_at is None:
         assert results["kill"] is None
         return
@@ -853,6 +876,66 @@ def check_cluster_run(
     assert kill["at_step"] == kill_at and kill["restarts"] == 1, kill
     assert kill["resumed_from_step"] == resumed_from, kill
     assert kill["replayed_steps"] and kill["replayed_max_abs_diff"] <= tolerance, kill
+
+
+# The metric each notebook's training loss is logged under.
+TRACKED_LOSS = {
+    "glue_text_classification": "loss",  # the Trainer's, every `logging_steps`
+    "gpt2_deepspeed": "loss",
+    "dolly_lightning_fsdp": "train_loss",  # what the LightningModule logs with self.log
+    "llama_fsdp": "loss",
+}
+
+
+def mlflow_get(cluster: Mapping[str, str], endpoint: str, **query) -> dict:
+    """One GET of the cluster's MLflow tracking server's REST API (`/api/2.0/mlflow/<endpoint>`)."""
+    import urllib.parse
+    import urllib.request
+
+    url = f"{cluster['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(query)}"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def metric_history(cluster: Mapping[str, str], run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of each point of the run's metric `key`, in the order the server keeps them."""
+    answer = mlflow_get(cluster, "metrics/get-history", run_id=run_id, metric_key=key, max_results=25000)
+    return [(int(m.get("step", 0)), m["value"]) for m in answer.get("metrics", [])]
+
+
+def check_tracked_run(results: dict, cluster: Mapping[str, str]) -> None:
+    """The notebook's MLflow run, read back through the tracking server's REST API: finished; the notebook's
+    parameters as the run used them; one loss point per logged step (none twice, though steps ran twice
+    after a restart), equal to what the run log recorded; where it resumed; the checkpoint's URI, in the
+    bucket; and `results.json`, stored in the bucket by the server."""
+    run = mlflow_get(cluster, "runs/get", run_id=results["mlflow_run_id"])["run"]
+    assert run["info"]["status"] == "FINISHED", run["info"]
+    params = {p["key"]: p["value"] for p in run["data"].get("params", [])}
+    tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+    expected = {k: str(v) for k, v in results["parameters"].items()}
+    assert {k: params.get(k) for k in expected} == expected
+    points = metric_history(cluster, results["mlflow_run_id"], TRACKED_LOSS[results["notebook"]])
+    steps = [step for step, _ in points]
+    assert len(steps) == len(set(steps)), f"steps logged twice: {sorted(steps)}"
+    # Each step's loss as the first attempt that ran it logged it (a replay is not logged again).
+    first: dict[int, float] = {}
+    for attempt in results.get("attempts") or []:
+        for step, loss in attempt["losses"].items():
+            first.setdefault(int(step), loss)
+    if not first:  # GPT-2 keeps no attempts: its losses by step (its replays repeat bit for bit)
+        first = {i + 1: loss for i, loss in enumerate(results["losses"])}
+    logged = dict(points)
+    assert {s: logged.get(s) for s in first} == pytest.approx(first, rel=1e-3)
+    # Nothing else, but GPT-2's further epoch (section 9), which continues the same run.
+    assert all(s > max(first) for s in set(logged) - set(first)), sorted(set(logged) - set(first))
+    assert tags["checkpoint_uri"] == results["checkpoint_path"]
+    if results["kill"]:
+        resumed = metric_history(cluster, results["mlflow_run_id"], "resumed_from_step")
+        assert (results["kill"]["resumed_from_step"],) * 2 in [(s, int(v)) for s, v in resumed], resumed
+        assert tags["killed_worker_at_step"] == str(results["kill"]["at_step"]), tags
+    experiment = run["info"]["experiment_id"]
+    stored = listing(f"s3://llm-notebooks/mlflow/{experiment}/{results['mlflow_run_id']}/artifacts", cluster)
+    assert "results.json" in stored, stored
 
 
 def last_checkpoint_before(step: int, every: int) -> int:

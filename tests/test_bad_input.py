@@ -351,3 +351,28 @@ def test_credentials_in_storage_path_are_refused_without_repeating_them(ray_clus
     assert "s3://***@llm-notebooks/runs" in executed  # the smoke-mode table: "yours, kept"
     assert CANARY_STORAGE_SECRET not in executed and "canarykey" not in executed
     assert wall < 60
+
+
+def test_a_tracking_server_that_cannot_be_reached_fails_in_the_first_cells(ray_cluster):
+    # A port nothing listens on: refused in the Set up cell, naming MLFLOW_TRACKING_URI, before any training.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    _, wall, error = execute(
+        "glue_text_classification",
+        {"SMOKE_TEST": True},
+        "bad-tracking_uri",
+        cluster=ray_cluster,
+        timeout=120,
+        env={"MLFLOW_TRACKING_URI": closed},
+    )
+    assert getattr(error, "ename", None) == "ParameterError", error
+    assert f"MLFLOW_TRACKING_URI='{closed}': no tracking server answers there" in error.evalue, error.evalue
+    import nbformat
+
+    executed = nbformat.read(ARTIFACTS / "notebooks" / "glue_text_classification-bad-tracking_uri.ipynb", 4)
+    failed = [c for c in executed.cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    assert len(failed) == 1 and "helpers.check_parameters(" in failed[0].source  # the Set up cell
+    assert wall < 60

@@ -6,7 +6,16 @@ Floors are set from measured smoke runs on the 2-core machine (in brackets), wel
 from __future__ import annotations
 
 import pytest
-from notebook_runs import check_cluster_run, execute, filesystem, last_checkpoint_before, listing
+from notebook_runs import (
+    ROOT,
+    check_cluster_run,
+    execute,
+    filesystem,
+    last_checkpoint_before,
+    listing,
+    mlflow_get,
+    run_as_job,
+)
 
 NAME = "glue_text_classification"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
@@ -75,10 +84,14 @@ TASKS = {
 }
 
 
+AS_JOB = "stsb"  # submitted as a Ray Job (`make job`), as a batch job on a cluster is; mnli-mm with papermill
+
+
 @pytest.fixture(scope="module")
 def task_runs(ray_cluster):
     """Both tasks' runs at once (each 2 workers of 1 CPU; the cluster has 4 CPUs): mostly kernels and
-    worker groups starting, which overlap (measured: 57-72 s one after the other, 52 s together)."""
+    worker groups starting, which overlap (measured: 57-72 s one after the other, 52 s together). `stsb`
+    runs as a Ray Job on the cluster (`notebook_runs.run_as_job`), `mnli-mm` with papermill here."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
@@ -88,12 +101,12 @@ def task_runs(ray_cluster):
         with ThreadPoolExecutor(max_workers=len(TASKS)) as pool:
             futures = {
                 task: pool.submit(
-                    execute,
+                    run_as_job if task == AS_JOB else execute,
                     NAME,
                     {"SMOKE_TEST": True, "TASK": task, "KILL_WORKER_AT_STEP": 0, **passed},
                     task,
                     cluster=ray_cluster,
-                    set_env=False,
+                    **({} if task == AS_JOB else {"set_env": False}),
                 )
                 for task, (_, _, passed) in TASKS.items()
             }
@@ -109,8 +122,8 @@ def task_runs(ray_cluster):
 def test_task_learns_above_its_floor(task, task_runs, ray_cluster):
     # No worker killed here (the cola run shows that): these runs check that each task shape learns.
     floors, split, passed = TASKS[task]
-    results, wall, error = task_runs[task]
-    assert error is None, error
+    results, wall, error, *job = task_runs[task]
+    assert results is not None and error in (None, "SUCCEEDED"), error
     for name, value in passed.items():
         assert results["parameters"][name] == value, (name, results["parameters"][name])
     if passed:  # the Trainer's last logged step: epochs x rows / (batch x workers), 3 x 512 / 16 = 96
@@ -123,3 +136,25 @@ def test_task_learns_above_its_floor(task, task_runs, ray_cluster):
     for name, floor in floors.items():
         assert results["eval_metrics"][name] >= floor, (name, results["eval_metrics"])
     print(f"{task}: {results['eval_metrics']}, {wall:.0f} s")
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(300)
+def test_a_notebook_runs_as_a_ray_job_with_the_helpers_shipped(task_runs, ray_cluster):
+    from ray.job_submission import JobSubmissionClient
+
+    results, _, status, job_id = task_runs[AS_JOB]
+    assert status == "SUCCEEDED"
+    # The job's logs come back from the cluster: papermill's own lines and the notebook's printed ones.
+    logs = JobSubmissionClient(ray_cluster["RAY_API_SERVER_ADDRESS"]).get_job_logs(job_id)
+    assert "Cluster OK" in logs and "Executing notebook" in logs, logs[-3000:]
+    # The executed notebook is in the bucket, beside the checkpoints.
+    assert f"{NAME}.ipynb" in listing(f"{ray_cluster['STORAGE_PATH']}/jobs/{job_id}", ray_cluster)
+    # The MLflow run is the one the notebook logged (checked in full by test_task_learns_above_its_floor),
+    # and the helpers package it imported is the copy shipped with the job, unpacked on the head node.
+    tags = {
+        t["key"]: t["value"]
+        for t in mlflow_get(ray_cluster, "runs/get", run_id=results["mlflow_run_id"])["run"]["data"]["tags"]
+    }
+    assert "runtime_resources/working_dir_files" in tags["helpers_path"], tags["helpers_path"]
+    assert tags["helpers_path"] != str(ROOT / "helpers")

@@ -14,6 +14,7 @@ from notebook_runs import (
     fetch,
     last_checkpoint_before,
     listing,
+    metric_history,
     pinned_losses,
 )
 
@@ -115,6 +116,13 @@ def test_loses_a_node_goes_on_with_one_worker_and_grows_back(smoke_run, ray_clus
     for a, s in zip(attempts, steps, strict=True):
         assert s == list(range(a["resumed_from_step"] + 1, s[-1] + 1))  # no step skipped
     assert steps[-1][-1] == max_steps
+    # MLflow shows it: each attempt's workers and where it resumed, at that step, in the one run.
+    starts = [a["resumed_from_step"] for a in attempts]
+    tracked = metric_history(ray_cluster, results["mlflow_run_id"], "world_size")
+    assert sorted(tracked) == [(s, float(a["world_size"])) for s, a in zip(starts, attempts, strict=True)]
+    assert sorted(metric_history(ray_cluster, results["mlflow_run_id"], "resumed_from_step")) == [
+        (s, float(s)) for s in starts[1:]
+    ]
     # After each resize, the losses stay within the pinned tolerance of an uninterrupted run's.
     pinned = pinned_losses(NAME)
     for a in attempts:

@@ -67,6 +67,7 @@ LESSON_CODE = re.compile(
 SECTIONS = [  # headings every notebook has, in this order
     "## Set up",
     "## Going further: when a worker",  # dies; Llama: "or a node dies"
+    "## Going further: tracking runs with MLflow",
     "## What the run showed",
     "## Next steps",
     "## Exercises",

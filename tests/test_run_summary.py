@@ -128,6 +128,12 @@ RESULTS = {  # the shape of the results each notebook writes (runs/*/NAME.json o
         "replayed_losses": {"first attempt": [3.1031, 2.7590], "after resuming": [3.1031, 2.7590]},
         "generated": [" Open it with a helpful coding assistant. " + "x" * 300],  # a long line wraps
         "checkpoint_path": "s3://llm-notebooks/runs/llama-2-fsdp_f73edaf0/" + "checkpoint_000024" * 8,
+        "mlflow_run_id": "5f0c6a1e2b3d4c5e8f9a0b1c2d3e4f50",
+        "mlflow": {
+            "tracking_uri": "http://127.0.0.1:5000",
+            "experiment_id": "3",
+            "run_url": "http://127.0.0.1:5000/#/experiments/3/runs/5f0c6a1e2b3d4c5e8f9a0b1c2d3e4f50",
+        },
     },  # fmt: skip
 }
 FAILED = "gpt2_deepspeed"  # stopped before its last cell: no results file
@@ -180,14 +186,18 @@ def test_summary_html_has_each_notebooks_numbers(run_dir):
         "first attempt: 3.1031, 2.7590",
         ERROR,
         "No results file",
+        "MLflow run5f0c6a1e2b3d4c5e8f9a0b1c2d3e4f50 in http://127.0.0.1:5000",  # llama's run, linked
     ]:
         assert expected in text, expected
+    assert "href='http://127.0.0.1:5000/#/experiments/3/runs/5f0c6a1e2b3d4c5e8f9a0b1c2d3e4f50'" in page
     assert "ZeRO" not in text  # GPT-2 failed without results: none of its numbers are made up
     # one embedded PNG per notebook with losses (3), no external resource of any kind
     images = re.findall(r"src='data:image/png;base64,([^']+)'", page)
     assert len(images) == 3
     assert all(base64.b64decode(b).startswith(b"\x89PNG\r\n\x1a\n") for b in images)
-    assert not re.search(r"(src|href)=['\"]?(https?:)?//", page)
+    assert not re.search(r"src=['\"]?(https?:)?//", page)  # nothing loaded from anywhere
+    links = re.findall(r"href=['\"]?((?:https?:)?//[^'\" >]+)", page)
+    assert links == [RESULTS["llama_fsdp"]["mlflow"]["run_url"]], links  # the one link: the MLflow run
     assert "<script" not in page
 
 

@@ -1,0 +1,103 @@
+"""Run a notebook as a Ray Job on a cluster: `make job NOTEBOOK=glue_text_classification [ARGS="-p TASK stsb"]`.
+
+    python ci/submit_job.py NOTEBOOK [papermill arguments ...]
+
+What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermill ...` would):
+
+- ships this project's files (its `.gitignore`d ones left out: no virtualenv, no caches) as the job's
+  `working_dir`; the notebook's `import helpers` takes the shipped copy, on the head node and in every
+  worker, never one installed on the cluster;
+- runs `python -m papermill notebooks/<NOTEBOOK>.ipynb <STORAGE_PATH>/jobs/<job id>/<NOTEBOOK>.ipynb` there,
+  with `--log-output`, so `ray job logs <job id>` shows the notebook's printed lines;
+- passes `STORAGE_PATH` and `MLFLOW_TRACKING_URI` from this shell in the job's `env_vars` (never a secret:
+  Ray keeps a job's variables in its job table; the nodes' own credentials reach the bucket);
+- waits for the job and prints its status, where its executed notebook is, and its log command.
+
+The cluster is `RAY_API_SERVER_ADDRESS` (its dashboard; `cluster.env` of `make cluster-up` sets it), with
+Ray's token when the cluster uses one. The job id is printed first, so a closed terminal loses nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PASSED_VARS = ("STORAGE_PATH", "MLFLOW_TRACKING_URI")
+
+
+def submit(notebook: str, papermill_args: list[str], submission_id: str | None = None) -> tuple[str, str]:
+    """Submit `notebook` as a Ray Job; return (job id, where its executed notebook goes)."""
+    from ray.job_submission import JobSubmissionClient
+
+    if not (ROOT / "notebooks" / f"{notebook}.ipynb").exists():
+        raise SystemExit(f"NOTEBOOK={notebook!r}: no notebooks/{notebook}.ipynb")
+    missing = [v for v in PASSED_VARS if not os.environ.get(v)]
+    if missing or not os.environ.get("RAY_API_SERVER_ADDRESS"):
+        raise SystemExit(
+            f"{', '.join(missing + ['RAY_API_SERVER_ADDRESS'])} not set: `source cluster.env` (make cluster-up) "
+            "or set them for your cluster."
+        )
+    job_id = submission_id or f"{notebook}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    output = f"{os.environ['STORAGE_PATH'].rstrip('/')}/jobs/{job_id}/{notebook}.ipynb"
+    entrypoint = " ".join(
+        [
+            "python -m papermill --log-output",
+            f"notebooks/{notebook}.ipynb",
+            output,
+            *map(_quote, papermill_args),
+        ]
+    )
+    client = JobSubmissionClient()  # RAY_API_SERVER_ADDRESS, and the token where the cluster needs one
+    client.submit_job(
+        entrypoint=entrypoint,
+        submission_id=job_id,
+        runtime_env={
+            "working_dir": str(ROOT),
+            "excludes": [".git/"],  # besides what .gitignore lists
+            "env_vars": {v: os.environ[v] for v in PASSED_VARS},
+        },
+    )
+    return job_id, output
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def wait(job_id: str, timeout_s: float = 1800) -> str:
+    """Wait for the job to end; return its status (SUCCEEDED, FAILED, STOPPED)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = client.get_job_status(job_id)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            return str(status.value)
+        time.sleep(2)
+    raise TimeoutError(f"job {job_id} still running after {timeout_s:.0f} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("notebook")
+    parser.add_argument("papermill_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    job_id, output = submit(args.notebook, args.papermill_args)
+    print(f"Submitted Ray Job {job_id}; its logs: ray job logs --follow {job_id}", flush=True)
+    status = wait(job_id)
+    print(f"Job {job_id}: {status}. Executed notebook: {output}")
+    return 0 if status == "SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""Runs you can find again: every notebook's run in MLflow, one MLflow run per training run.
+
+Used by each notebook's training cell (`start_run`), its training function (rank 0: `StepLogger` in the
+plain loops, `trainer_callback` for the Hugging Face `Trainer`, `lightning_logger` for Lightning), its
+section "Going further: tracking" (`ui_command`, `metric_steps`), and its last cell, where
+`helpers.write_results` ends the run with the run's summary (`finish_run`). The set-up checks
+(`check_tracking`, `check_tracking_from_nodes`) fail in the first cells.
+
+Where runs go:
+
+- `MLFLOW_TRACKING_URI` when it is set (a team's tracking server, Databricks, the local cluster's server
+  that `make cluster-up` starts). It reaches every worker with the job's environment; its credentials
+  (`MLFLOW_TRACKING_TOKEN`, `MLFLOW_TRACKING_PASSWORD`, `DATABRICKS_TOKEN`) do too, but never as
+  environment variables of the job, which Ray logs (see `helpers.cluster.job_runtime_env`).
+- Otherwise a SQLite file in this project's cache (`default_uri`): no server. Every worker must be able to
+  open that file, so it serves a Ray on this machine (or the local two-node cluster), not workers on other
+  machines; `check_tracking_from_nodes` says so in the first cells.
+
+One MLflow run per training run: the driver creates the run before `fit()` and hands its id to the
+workers in the training config. Every attempt's rank 0 logs into that run, so a restarted worker group
+continues the same curves. Steps a resumed attempt runs again (those after its checkpoint that the
+killed attempt had already logged) are not logged twice: each attempt starts by reading how far the
+run's metrics got, and logs only the steps after that. Where an attempt resumed shows as a point of the
+metric `resumed_from_step` (and `world_size`, the workers of that attempt).
+
+MLflow's telemetry is switched off (`MLFLOW_DISABLE_TELEMETRY`): nothing here talks to any address but
+the tracking URI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+__all__ = [
+    "TRACKING_ENV_VARS",
+    "TRACKING_SECRET_VARS",
+    "default_uri",
+    "tracking_uri",
+    "configure",
+    "check_tracking",
+    "check_tracking_from_nodes",
+    "start_run",
+    "StepLogger",
+    "trainer_callback",
+    "lightning_logger",
+    "finish_run",
+    "metric_steps",
+    "ui_command",
+]
+
+# Passed to every worker with the job (not secret): where the runs go and how to reach it.
+TRACKING_ENV_VARS = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+    "MLFLOW_TRACKING_SERVER_CERT_PATH",
+    "MLFLOW_TRACKING_CLIENT_CERT_PATH",
+    "DATABRICKS_HOST",
+    "DATABRICKS_CLIENT_ID",
+)
+# Secrets: set in each worker process by the job's setup hook, never in a log or the job table.
+TRACKING_SECRET_VARS = (
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_PASSWORD",
+    "DATABRICKS_TOKEN",
+    "DATABRICKS_CLIENT_SECRET",
+)
+# Set in the driver and every worker: nothing leaves for MLflow's own servers.
+OFFLINE_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true"}
+URI = "MLFLOW_TRACKING_URI"
+RESUMED = "resumed_from_step"  # the metric that marks where an attempt resumed
+_LOCAL_SCHEMES = ("sqlite", "file", "")
+
+
+def default_uri() -> str:
+    """The embedded store: `sqlite:///<cache>/mlflow/mlflow.db` (`helpers.cache_dir`)."""
+    from .cache import cache_dir
+
+    folder = cache_dir() / "mlflow"
+    folder.mkdir(exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def _artifact_root() -> str:
+    from .cache import cache_dir
+
+    return (cache_dir() / "mlflow" / "artifacts").as_uri()
+
+
+def tracking_uri() -> str:
+    """`MLFLOW_TRACKING_URI`, or the embedded store (`default_uri`)."""
+    return os.environ.get(URI) or default_uri()
+
+
+def _shown(uri: str) -> str:
+    from .storage import redact
+
+    return redact(uri)
+
+
+def configure() -> str:
+    """In the driver, before Ray starts: the tracking URI in this process's environment (so that a local
+    Ray's workers inherit it and a cluster's get it with the job) and MLflow's telemetry off. Returns it."""
+    for var, value in OFFLINE_ENV.items():
+        os.environ.setdefault(var, value)
+    os.environ.setdefault(URI, default_uri())
+    return os.environ[URI]
+
+
+def check_tracking() -> str:
+    """Fail now, naming `MLFLOW_TRACKING_URI`, if runs could not be tracked: credentials written into the
+    URI, or a tracking server that does not answer within 5 s. Returns the URI (credentials masked)."""
+    from .validate import ParameterError
+
+    uri = tracking_uri()
+    shown = _shown(uri)
+    if shown != uri:
+        raise ParameterError(
+            f"{URI}={shown!r}: credentials in the URI are not accepted (they would be repeated in logs). "
+            "Set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, instead."
+        )
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        try:  # any HTTP answer (even 401) means a server is there; MLflow's own retries take minutes
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+        except urllib.error.HTTPError:
+            pass
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ParameterError(
+                f"{URI}={shown!r}: no tracking server answers there ({reason}). Start it, correct the "
+                f"address, or unset {URI} to keep runs in this machine's store ({default_uri()})."
+            ) from None
+    elif scheme in _LOCAL_SCHEMES:
+        path = Path(urlparse(uri).path if scheme else uri)
+        folder = path.parent if scheme == "sqlite" else path
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise ParameterError(f"{URI}={shown!r}: cannot write to {folder}.")
+    return shown
+
+
+def check_tracking_from_nodes() -> None:
+    """After Ray started: a store on this machine's disk (the embedded default) only serves workers on
+    this machine. Fail, naming `MLFLOW_TRACKING_URI`, if some node is another machine."""
+    import ray
+
+    from .validate import ParameterError
+
+    uri = tracking_uri()
+    if urlparse(uri).scheme not in _LOCAL_SCHEMES:
+        return
+    here = ray.util.get_node_ip_address()
+    others = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")} - {here})
+    if others:
+        raise ParameterError(
+            f"{URI} is {'not set' if URI not in os.environ else repr(_shown(uri))}: runs would go to a file on "
+            f"this machine ({uri}), which the workers on {', '.join(others)} cannot write. Set {URI} to a "
+            "tracking server every node reaches (a team's server, Databricks, or "
+            "`mlflow server --host 0.0.0.0 --backend-store-uri sqlite:///mlflow.db` on the head node)."
+        )
+
+
+def _client():
+    for var, value in OFFLINE_ENV.items():
+        os.environ.setdefault(var, value)
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri())
+
+
+def start_run(notebook: str, namespace: dict) -> str:
+    """In the driver, before `fit()`: a new MLflow run in the experiment named after `notebook`, with the
+    notebook's parameters as the run uses them (`helpers.parameter_values`); return its id."""
+    from mlflow.entities import Param
+
+    from .smoke import parameter_values
+
+    client = _client()
+    experiment = client.get_experiment_by_name(notebook)
+    if experiment is None:
+        local = urlparse(tracking_uri()).scheme in _LOCAL_SCHEMES
+        # A server chooses where artifacts go; the embedded store would choose ./mlruns, beside the notebook.
+        with contextlib.suppress(Exception):  # another run created it first
+            client.create_experiment(notebook, artifact_location=_artifact_root() if local else None)
+        experiment = client.get_experiment_by_name(notebook)
+    values = parameter_values(namespace)
+    storage = values.get("STORAGE_PATH", "")
+    run = client.create_run(
+        experiment.experiment_id,
+        tags={
+            "notebook": notebook,
+            "smoke_test": str(values.get("SMOKE_TEST")),
+            "storage_path": storage,
+            "helpers_path": str(Path(__file__).resolve().parent),  # which copy ran: a Ray Job ships its own
+        },
+    )
+    params = [Param(k, str(v)) for k, v in values.items()]
+    for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters per call
+        client.log_batch(run.info.run_id, params=params[i : i + 100])
+    return run.info.run_id
+
+
+def _last_step(client, run_id: str) -> int:
+    """The highest step any metric of the run reached so far (0 for a new run), markers apart."""
+    run = client.get_run(run_id)
+    last = 0
+    for key in run.data.metrics:
+        if key in (RESUMED, "world_size"):
+            continue
+        last = max([last, *(m.step for m in client.get_metric_history(run_id, key))])
+    return last
+
+
+class StepLogger:
+    """Rank 0 of one attempt: log each step's metrics into the run `run_id`, skipping the steps an earlier
+    attempt already logged; mark where this attempt resumed (`resumed_from_step`, `world_size`)."""
+
+    def __init__(self, run_id: str, resumed_from_step: int = 0, world_size: int | None = None) -> None:
+        self.client, self.run_id = _client(), run_id
+        self.logged_until = _last_step(self.client, run_id)  # steps up to here are replays
+        marks = {RESUMED: resumed_from_step} if resumed_from_step or self.logged_until else {}
+        if world_size is not None:
+            marks["world_size"] = world_size
+        if marks:
+            self._log(resumed_from_step, marks)
+
+    def log(self, step: int, **metrics) -> bool:
+        """Log `metrics` (name=number) at `step`, unless an earlier attempt logged that step; True if logged."""
+        if step <= self.logged_until:
+            return False
+        self._log(step, {k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        return True
+
+    def _log(self, step: int, metrics: dict) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, int(step)) for k, v in metrics.items()]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+
+def trainer_callback(run_id: str, world_size: int | None = None):
+    """The Hugging Face `Trainer`'s own MLflow reporting (`MLflowCallback`), continuing the run `run_id`:
+    it logs the `TrainingArguments` on the first attempt, and on every attempt the losses and evaluations
+    of the steps no earlier attempt logged."""
+    from transformers.integrations import MLflowCallback
+
+    class ContinuingMLflowCallback(MLflowCallback):
+        def setup(self, args, state, model):
+            os.environ["MLFLOW_RUN_ID"] = run_id  # mlflow.start_run() continues this run
+            os.environ.setdefault(URI, tracking_uri())
+            self.steps = None
+            if state.is_world_process_zero:
+                self.steps = StepLogger(run_id, state.global_step, world_size)
+                if self.steps.logged_until:  # a resumed attempt: the arguments are logged already
+                    os.environ["MLFLOW_MAX_LOG_PARAMS"] = "0"
+            super().setup(args, state, model)
+            self._auto_end_run = False  # the notebook ends the run, with its summary
+
+        def on_log(self, args, state, control, logs, model=None, **kwargs):
+            if not self._initialized:
+                self.setup(args, state, model)
+            if state.is_world_process_zero and state.global_step > self.steps.logged_until:
+                super().on_log(args, state, control, logs, model=model, **kwargs)
+
+    return ContinuingMLflowCallback()
+
+
+def lightning_logger(run_id: str, world_size: int | None = None):
+    """Lightning's `MLFlowLogger`, continuing the run `run_id`: steps counted from 1 as the run log counts
+    them (Lightning passes the number of steps done before, from 0), those an earlier attempt logged skipped."""
+    from lightning.pytorch.loggers import MLFlowLogger
+    from lightning.pytorch.utilities import rank_zero_only
+
+    class ContinuingMLFlowLogger(MLFlowLogger):
+        steps: StepLogger | None = None
+
+        @rank_zero_only
+        def log_metrics(self, metrics, step=None):
+            if step is None:
+                return super().log_metrics(metrics, step)
+            if self.steps is None:  # this attempt's first step: it resumed after `step` steps
+                self.steps = StepLogger(run_id, step, world_size)
+            if step + 1 > self.steps.logged_until:
+                super().log_metrics(metrics, step + 1)
+
+        @rank_zero_only
+        def finalize(self, status: str = "success") -> None:
+            pass  # the notebook ends the run, with its summary
+
+    return ContinuingMLFlowLogger(run_id=run_id, tracking_uri=tracking_uri(), log_model=False)
+
+
+def _flat(results: dict) -> tuple[dict, dict]:
+    """The results' numbers as metrics (one level of dicts flattened, `a.b`) and a few facts as tags."""
+    metrics: dict[str, float] = {}
+    for key, value in results.items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in items:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                continue
+            metrics[f"{key}.{sub}" if sub else key] = float(v)
+    tags = {"checkpoint_uri": str(results.get("checkpoint_path", ""))}
+    kill = results.get("kill") or {}
+    if kill:
+        tags.update(
+            killed_worker_at_step=str(kill.get("at_step")),
+            resumed_from_step=str(kill.get("resumed_from_step")),
+        )
+    rows = (results.get("plan") or {}).get("rows") or []
+    if rows:  # the "will it fit?" plan's verdict: its fullest row
+        row = max(rows, key=lambda r: r["need"] / r["have"] if r["have"] else 0)
+        share = row["need"] / row["have"] if row["have"] else 0
+        tags["plan_verdict"] = f"{row['status']}: {row['what']} ({row['where']}) {share:.0%}"
+    return metrics, tags
+
+
+def finish_run(run_id: str, results: dict) -> dict:
+    """In the driver, at the end: the run's summary (its numbers, the checkpoint's URI, the kill and the
+    step it resumed from, the plan's verdict) into the run, `results.json` as an artifact, status FINISHED.
+    Returns where to find it: `tracking_uri` (credentials masked), `experiment_id`, and `run_url` (a
+    server's page for the run; None for the embedded store)."""
+    import json
+
+    from mlflow.entities import Metric, RunTag
+
+    client = _client()
+    metrics, tags = _flat({k: v for k, v in results.items() if k not in ("losses", "parameters")})
+    last = max(0, len(results.get("losses") or []))
+    now = int(time.time() * 1000)
+    client.log_batch(
+        run_id,
+        metrics=[Metric(f"final.{k}", v, now, last) for k, v in metrics.items()],
+        tags=[RunTag(k, v) for k, v in tags.items()],
+    )
+    client.log_text(run_id, json.dumps(results, indent=2, default=float), "results.json")
+    client.set_terminated(run_id, "FINISHED")
+    uri, experiment = _shown(tracking_uri()), client.get_run(run_id).info.experiment_id
+    page = f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
+    return {
+        "tracking_uri": uri,
+        "experiment_id": experiment,
+        "run_url": page if urlparse(uri).scheme in ("http", "https") else None,
+    }
+
+
+def metric_steps(run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every point of the run's metric `key`, in order of step."""
+    history = _client().get_metric_history(run_id, key)
+    return sorted((m.step, m.value) for m in history)
+
+
+def ui_command() -> str:
+    """How to look at the runs: the MLflow UI on the embedded store, or the server's address."""
+    uri = tracking_uri()
+    if urlparse(uri).scheme in ("http", "https"):
+        return f"open {_shown(uri)} in a browser"
+    return f"mlflow ui --backend-store-uri {uri}"
