@@ -4,7 +4,7 @@
 
 What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermill ...` would):
 
-- ships this project's files (its `.gitignore`d ones left out: no virtualenv, no caches) as the job's
+- ships this project's files (not `.git`, nor what `.gitignore` lists: no virtualenv, no caches) as the job's
   `working_dir`; the notebook's `import helpers` takes the shipped copy, on the head node and in every
   worker, never one installed on the cluster;
 - runs `python -m papermill notebooks/<NOTEBOOK>.ipynb <STORAGE_PATH>/jobs/<job id>/<NOTEBOOK>.ipynb` there,
@@ -56,11 +56,8 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
     client.submit_job(
         entrypoint=entrypoint,
         submission_id=job_id,
-        runtime_env={
-            "working_dir": str(ROOT),
-            "excludes": [".git/"],  # besides what .gitignore lists
-            "env_vars": {v: os.environ[v] for v in PASSED_VARS},
-        },
+        # Ray leaves out of the upload what .gitignore lists, and .git and .venv.
+        runtime_env={"working_dir": str(ROOT), "env_vars": {v: os.environ[v] for v in PASSED_VARS}},
     )
     return job_id, output
 

@@ -157,7 +157,8 @@ def check_tracking_from_nodes() -> None:
     if urlparse(uri).scheme not in _LOCAL_SCHEMES:
         return
     here = ray.util.get_node_ip_address()
-    others = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")} - {here})
+    addresses = {n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")}
+    others = sorted(addresses - {here, None})
     if others:
         raise ParameterError(
             f"{URI} is {'not set' if URI not in os.environ else repr(_shown(uri))}: runs would go to a file on "
@@ -170,8 +171,12 @@ def check_tracking_from_nodes() -> None:
 def _client():
     for var, value in OFFLINE_ENV.items():
         os.environ.setdefault(var, value)
+    import logging
+
     from mlflow.tracking import MlflowClient
 
+    # "Creating initial MLflow database tables...": once per store, nothing to act on
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     return MlflowClient(tracking_uri=tracking_uri())
 
 

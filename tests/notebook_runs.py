@@ -281,22 +281,43 @@ def execute(
 def run_as_job(
     name: str, parameters: dict, tag: str, *, cluster: Mapping[str, str], timeout: int = 600
 ) -> tuple[dict | None, float, str, str]:
-    """Run notebooks/<name>.ipynb as a Ray Job on `cluster` (ci/submit_job.py, as `make job` does); return
-    (results JSON, wall seconds, the job's status, its id). The cluster's variables must be set already.
-    The job writes its results JSON here: the cluster's nodes are this machine."""
-    sys.path.insert(0, str(ROOT / "ci"))
-    import submit_job
-
-    assert os.environ.get("RAY_API_SERVER_ADDRESS") == cluster["RAY_API_SERVER_ADDRESS"], "set the variables"
+    """Run notebooks/<name>.ipynb as a Ray Job on `cluster`, as `make job` does (ci/submit_job.py, in a
+    process of its own with the cluster's variables, as from a shell that sourced cluster.env); return
+    (results JSON, wall seconds, the job's status, its id). The job writes its results JSON here: the
+    cluster's nodes are this machine."""
     results_path = ARTIFACTS / "notebooks" / f"{name}-{tag}.json"
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.unlink(missing_ok=True)
-    args = [f"-p {k} {v}" for k, v in {**parameters, "RESULTS_PATH": results_path}.items()]
+    args = [
+        item for k, v in {**parameters, "RESULTS_PATH": results_path}.items() for item in ("-p", k, str(v))
+    ]
     start = time.perf_counter()
-    job_id, _ = submit_job.submit(name, " ".join(args).split())
-    status = submit_job.wait(job_id, timeout_s=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "ci" / "submit_job.py"), name, *args],
+        env={**notebook_env(cluster)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    (ARTIFACTS / "notebooks" / f"{name}-{tag}-submit.log").write_text(proc.stdout + proc.stderr)
+    match = re.search(r"Job (\S+): (\w+)\.", proc.stdout)
+    assert match, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(results_path.read_text()) if results_path.exists() else None
-    return results, time.perf_counter() - start, status, job_id
+    return results, time.perf_counter() - start, match.group(2), match.group(1)
+
+
+def job_logs(job_id: str, cluster: Mapping[str, str]) -> str:
+    """What `ray job logs <id>` prints for the job, with the cluster's variables."""
+    ray = Path(sys.executable).parent / "ray"
+    proc = subprocess.run(
+        [str(ray), "job", "logs", job_id],
+        env=notebook_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
 
 
 def run_nbval(

@@ -11,6 +11,7 @@ from notebook_runs import (
     check_cluster_run,
     execute,
     filesystem,
+    job_logs,
     last_checkpoint_before,
     listing,
     mlflow_get,
@@ -141,12 +142,17 @@ def test_task_learns_above_its_floor(task, task_runs, ray_cluster):
 @pytest.mark.notebook
 @pytest.mark.timeout(300)
 def test_a_notebook_runs_as_a_ray_job_with_the_helpers_shipped(task_runs, ray_cluster):
-    from ray.job_submission import JobSubmissionClient
+    import urllib.error
+    import urllib.request
 
     results, _, status, job_id = task_runs[AS_JOB]
     assert status == "SUCCEEDED"
+    # The job server (the head's dashboard, on loopback) answers only with the cluster's token.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{ray_cluster['RAY_API_SERVER_ADDRESS']}/api/jobs/", timeout=10)
+    assert refused.value.code in (401, 403), refused.value
     # The job's logs come back from the cluster: papermill's own lines and the notebook's printed ones.
-    logs = JobSubmissionClient(ray_cluster["RAY_API_SERVER_ADDRESS"]).get_job_logs(job_id)
+    logs = job_logs(job_id, ray_cluster)
     assert "Cluster OK" in logs and "Executing notebook" in logs, logs[-3000:]
     # The executed notebook is in the bucket, beside the checkpoints.
     assert f"{NAME}.ipynb" in listing(f"{ray_cluster['STORAGE_PATH']}/jobs/{job_id}", ray_cluster)

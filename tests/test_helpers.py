@@ -207,7 +207,12 @@ def test_log_noise_patterns_drop_noise_and_keep_progress():
 def test_write_results_requires_the_promised_keys(tmp_path):
     path = tmp_path / "r.json"
     good = dict(
-        notebook="x", smoke_test=True, wall_seconds=1.0, losses=[2.0, 1.0], checkpoint_path=str(tmp_path)
+        notebook="x",
+        smoke_test=True,
+        wall_seconds=1.0,
+        losses=[2.0, 1.0],
+        checkpoint_path=str(tmp_path),
+        mlflow_run_id=None,  # no run to end (tests/test_tracking.py ends one)
     )
     assert helpers.write_results("", **good) is None and not path.exists()
     helpers.write_results(str(path), **good, extra=[0.5])
