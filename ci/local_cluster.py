@@ -18,9 +18,9 @@ What `up` starts, each as a child process whose id it records (in .cluster/state
 
 `cluster.env` holds what a driver needs, set the way a user sets them for an S3-compatible bucket:
 `RAY_ADDRESS`, the token variables, `STORAGE_PATH=s3://...`, `AWS_ACCESS_KEY_ID`,
-`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, `AWS_REGION`, `MLFLOW_TRACKING_URI`, and `RAY_API_SERVER_ADDRESS`
-(the head's dashboard, where Ray Jobs are submitted). `source cluster.env`, then run a notebook, or submit
-it as a Ray Job (`make job NOTEBOOK=...`).
+`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, `AWS_REGION`, `MLFLOW_TRACKING_URI`, `RAY_API_SERVER_ADDRESS`
+(the head's dashboard, where Ray Jobs are submitted) and `LLM_NOTEBOOKS_JOB_PYTHON` (the nodes' Python).
+`source cluster.env`, then run a notebook, or submit it as a Ray Job (`make job NOTEBOOK=...`).
 
 `cluster.env`, `.cluster/state.json` and the token file are created readable by their owner only (0600).
 
@@ -153,9 +153,6 @@ def node_env(
         )
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
-    # A Ray Job's entry point (`python -m papermill ...`) runs this project's Python, as a cluster's image
-    # puts its own first on PATH.
-    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
     return env
 
 
@@ -331,6 +328,10 @@ def up(
         "AWS_REGION": env["AWS_REGION"],
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}",
         "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}",  # `ray job submit` goes here
+        # The Python a Ray Job's entry point runs on these nodes (ci/submit_job.py). Not by putting the
+        # virtualenv first on the nodes' PATH: its ninja (1.13) and the system's (1.11) write each other's
+        # build logs unreadably, and DeepSpeed's ops were rebuilt (15-30 s) whenever the other one ran.
+        "LLM_NOTEBOOKS_JOB_PYTHON": str(BIN / "python"),
     }
     # The secret stays in cluster.env alone (and in the nodes' environment).
     shown = {k: v for k, v in driver.items() if k != "AWS_SECRET_ACCESS_KEY"}

@@ -8,7 +8,8 @@ What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermil
   `working_dir`; the notebook's `import helpers` takes the shipped copy, on the head node and in every
   worker, never one installed on the cluster;
 - runs `python -m papermill notebooks/<NOTEBOOK>.ipynb <STORAGE_PATH>/jobs/<job id>/<NOTEBOOK>.ipynb` there,
-  with `--log-output`, so `ray job logs <job id>` shows the notebook's printed lines;
+  with `--log-output`, so `ray job logs <job id>` shows the notebook's printed lines (`python`: the head
+  node's, or `LLM_NOTEBOOKS_JOB_PYTHON`, which the local cluster's `cluster.env` sets);
 - passes `STORAGE_PATH` and `MLFLOW_TRACKING_URI` from this shell in the job's `env_vars` (never a secret:
   Ray keeps a job's variables in its job table; the nodes' own credentials reach the bucket);
 - waits for the job and prints its status, where its executed notebook is, and its log command.
@@ -44,14 +45,9 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
         )
     job_id = submission_id or f"{notebook}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     output = f"{os.environ['STORAGE_PATH'].rstrip('/')}/jobs/{job_id}/{notebook}.ipynb"
-    entrypoint = " ".join(
-        [
-            "python -m papermill --log-output",
-            f"notebooks/{notebook}.ipynb",
-            output,
-            *map(_quote, papermill_args),
-        ]
-    )
+    python = os.environ.get("LLM_NOTEBOOKS_JOB_PYTHON", "python")  # the nodes' Python
+    papermill = [python, "-m", "papermill", "--log-output", f"notebooks/{notebook}.ipynb", output]
+    entrypoint = " ".join(map(_quote, [*papermill, *papermill_args]))
     client = JobSubmissionClient()  # RAY_API_SERVER_ADDRESS, and the token where the cluster needs one
     client.submit_job(
         entrypoint=entrypoint,

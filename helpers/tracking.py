@@ -19,9 +19,9 @@ Where runs go:
 One MLflow run per training run: the driver creates the run before `fit()` and hands its id to the
 workers in the training config. Every attempt's rank 0 logs into that run, so a restarted worker group
 continues the same curves. Steps a resumed attempt runs again (those after its checkpoint that the
-killed attempt had already logged) are not logged twice: each attempt starts by reading how far the
-run's metrics got, and logs only the steps after that. Where an attempt resumed shows as a point of the
-metric `resumed_from_step` (and `world_size`, the workers of that attempt).
+killed attempt had already logged) are not logged twice: each attempt starts by reading how far each of
+the run's metrics got, and logs a metric only at the steps after that. Where an attempt resumed shows as a
+point of the metric `resumed_from_step` (and `world_size`, the workers of that attempt).
 
 MLflow's telemetry is switched off (`MLFLOW_DISABLE_TELEMETRY`): nothing here talks to any address but
 the tracking URI.
@@ -212,36 +212,38 @@ def start_run(notebook: str, namespace: dict) -> str:
     return run.info.run_id
 
 
-def _last_step(client, run_id: str) -> int:
-    """The highest step any metric of the run reached so far (0 for a new run), markers apart."""
+def _last_steps(client, run_id: str) -> dict[str, int]:
+    """For each metric of the run (markers apart), the highest step logged so far ({} for a new run)."""
     run = client.get_run(run_id)
-    last = 0
-    for key in run.data.metrics:
-        if key in (RESUMED, "world_size"):
-            continue
-        last = max([last, *(m.step for m in client.get_metric_history(run_id, key))])
-    return last
+    return {
+        key: max(m.step for m in client.get_metric_history(run_id, key))
+        for key in run.data.metrics
+        if key not in (RESUMED, "world_size")
+    }
 
 
 class StepLogger:
-    """Rank 0 of one attempt: log each step's metrics into the run `run_id`, skipping the steps an earlier
-    attempt already logged; mark where this attempt resumed (`resumed_from_step`, `world_size`)."""
+    """Rank 0 of one attempt: log each step's metrics into the run `run_id`, skipping a metric at a step an
+    earlier attempt already logged it at; mark where this attempt resumed (`resumed_from_step`, `world_size`)."""
 
     def __init__(self, run_id: str, resumed_from_step: int = 0, world_size: int | None = None) -> None:
         self.client, self.run_id = _client(), run_id
-        self.logged_until = _last_step(self.client, run_id)  # steps up to here are replays
+        self.logged_until = _last_steps(self.client, run_id)  # per metric: steps up to here are replays
         marks = {RESUMED: resumed_from_step} if resumed_from_step or self.logged_until else {}
         if world_size is not None:
             marks["world_size"] = world_size
         if marks:
             self._log(resumed_from_step, marks)
 
+    def new(self, step: int, metrics: dict) -> dict:
+        """The `metrics` that no earlier attempt logged at `step` or later."""
+        return {k: v for k, v in metrics.items() if step > self.logged_until.get(k, 0)}
+
     def log(self, step: int, **metrics) -> bool:
-        """Log `metrics` (name=number) at `step`, unless an earlier attempt logged that step; True if logged."""
-        if step <= self.logged_until:
-            return False
-        self._log(step, {k: v for k, v in metrics.items() if isinstance(v, int | float)})
-        return True
+        """Log `metrics` (name=number) at `step`, but those an earlier attempt logged; True if any was logged."""
+        fresh = self.new(step, {k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        self._log(step, fresh)
+        return bool(fresh)
 
     def _log(self, step: int, metrics: dict) -> None:
         from mlflow.entities import Metric
@@ -273,8 +275,8 @@ def trainer_callback(run_id: str, world_size: int | None = None):
         def on_log(self, args, state, control, logs, model=None, **kwargs):
             if not self._initialized:
                 self.setup(args, state, model)
-            if state.is_world_process_zero and state.global_step > self.steps.logged_until:
-                super().on_log(args, state, control, logs, model=model, **kwargs)
+            if state.is_world_process_zero and (fresh := self.steps.new(state.global_step, logs)):
+                super().on_log(args, state, control, fresh, model=model, **kwargs)
 
     return ContinuingMLflowCallback()
 
@@ -294,8 +296,8 @@ def lightning_logger(run_id: str, world_size: int | None = None):
                 return super().log_metrics(metrics, step)
             if self.steps is None:  # this attempt's first step: it resumed after `step` steps
                 self.steps = StepLogger(run_id, step, world_size)
-            if step + 1 > self.steps.logged_until:
-                super().log_metrics(metrics, step + 1)
+            if fresh := self.steps.new(step + 1, metrics):
+                super().log_metrics(fresh, step + 1)
 
         @rank_zero_only
         def finalize(self, status: str = "success") -> None:

@@ -36,6 +36,9 @@ def test_without_a_tracking_uri_one_run_across_restarts_lands_in_the_local_store
     # 3-6: 3 and 4 are replays, not logged again.
     first = tracking.StepLogger(run_id, resumed_from_step=0, world_size=2)
     assert [first.log(s, loss=1.0 / s) for s in range(1, 5)] == [True] * 4
+    # A metric logged ahead (Lightning's learning-rate monitor logs at a step's start) does not hide the
+    # loss of that step, which the first attempt never logged: each metric keeps its own place.
+    assert first.log(5, lr=0.1)
     second = tracking.StepLogger(run_id, resumed_from_step=2, world_size=1)
     assert [second.log(s, loss=10.0 + s) for s in range(3, 7)] == [False, False, True, True]
     results = {
@@ -54,6 +57,7 @@ def test_without_a_tracking_uri_one_run_across_restarts_lands_in_the_local_store
     history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss"))
     assert history == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.25), (5, 15.0), (6, 16.0)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "resumed_from_step")] == [(2, 2.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "lr")] == [(5, 0.1)]
     assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "world_size")) == [
         (0, 2.0),
         (2, 1.0),
