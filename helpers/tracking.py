@@ -163,8 +163,8 @@ def check_tracking_from_nodes() -> None:
         raise ParameterError(
             f"{URI} is {'not set' if URI not in os.environ else repr(_shown(uri))}: runs would go to a file on "
             f"this machine ({uri}), which the workers on {', '.join(others)} cannot write. Set {URI} to a "
-            "tracking server every node reaches (a team's server, Databricks, or "
-            "`mlflow server --host 0.0.0.0 --backend-store-uri sqlite:///mlflow.db` on the head node)."
+            "tracking server every node reaches (a team's server, Databricks, or `mlflow server --host "
+            "<the head node's private address> --backend-store-uri sqlite:///mlflow.db` on the head node)."
         )
 
 
