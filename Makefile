@@ -48,10 +48,8 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --upgrade --quiet pip
-	@# --no-compile: pip would byte-compile all 28,000 .py files it installs (about 50 s on 2 cores); Python
-	@# compiles the few thousand a run imports, once, on first import.
-	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -r requirements.txt
 	@# jsonschema imports rfc3987-syntax whenever it is installed (jupyter-events pulls it in, only to
 	@# check URI formats), and that import builds a parser: 1.6 s in every process that imports ray.
 	@# Measured here: ray.init 15 s -> 6 s, an empty 2-worker TorchTrainer.fit() 34 s -> 18 s without it.
