@@ -92,6 +92,35 @@ def no_outbound_connections(request):
     assert not attempts, f"outbound connection attempted (offline guard log):\n{attempts[:3000]}"
 
 
+# The tests whose runs start DeepSpeed (which then compiles its CPU ops, if not built yet).
+_DEEPSPEED_TESTS = {"test_gpt2_deepspeed.py", "test_zero_checkpoint.py"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def deepspeed_ops_in_spare_time(request):
+    """In a new virtualenv DeepSpeed compiles its CPU ops on first use: 75 s of both cores, in the GPT-2 tests
+    (ci/build_deepspeed_ops.py). When the session includes those, the ops are built from its start, at the
+    lowest CPU priority, in the time the other tests leave idle (waits for processes, nodes, a bucket); a test
+    that needs an op sooner waits for that build on torch's lock. At the end, a build still going is
+    interrupted (the lock released), and a new run builds what is missing."""
+    if not any(item.path.name in _DEEPSPEED_TESTS for item in request.session.items):
+        yield
+        return
+    import signal
+    import subprocess
+
+    with open(ARTIFACTS / "deepspeed-ops.log", "w") as log:
+        build = subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, str(ROOT / "ci" / "build_deepspeed_ops.py")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        yield
+        if build.poll() is None:
+            build.send_signal(signal.SIGINT)
+        build.wait(timeout=60)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """The test cluster every notebook runs on (notebook_runs.start_cluster), started when a test first
