@@ -337,10 +337,11 @@ def check_parameters(notebook: str, namespace: dict):
     from .smoke import check_parameter_names
     from .validate import check_max_positions, check_source_available, hub_offline
 
-    quiet_deepspeed_on_cpu()  # the plan's ZeRO estimators import DeepSpeed
     check_parameter_names(namespace)
     rules, _ = _notebook(notebook)
     rules(namespace)
+    # Only now: it imports torch (1.3 s), and a misspelt name or a bad value is reported without waiting.
+    quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
     _check_min_workers(notebook, namespace)
     plan = plan_for(notebook, namespace)
     if plan is not None:
