@@ -19,7 +19,8 @@ TORCH_SPEC ?= torch==2.13.0
 endif
 
 # DeepSpeed compiles its CPU ops (CPU Adam, shared-memory collectives: 75 s on 2 cores) on first use into
-# torch's extension cache. One cache per virtualenv: with the default (~/.cache/torch_extensions, shared by
+# torch's extension cache (`make test` builds them at idle priority as it starts: ci/build_deepspeed_ops.py;
+# by hand: `.venv/bin/python ci/build_deepspeed_ops.py`). One cache per virtualenv: with the default (~/.cache/torch_extensions, shared by
 # every virtualenv of the user) two checkouts recompile each other's ops, the paths in the build differing.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
