@@ -19,9 +19,10 @@ TORCH_SPEC ?= torch==2.13.0
 endif
 
 # DeepSpeed compiles its CPU ops (CPU Adam, shared-memory collectives: 75 s on 2 cores) on first use into
-# torch's extension cache (`make test` builds them at idle priority as it starts: ci/build_deepspeed_ops.py;
-# by hand: `.venv/bin/python ci/build_deepspeed_ops.py`). One cache per virtualenv: with the default (~/.cache/torch_extensions, shared by
-# every virtualenv of the user) two checkouts recompile each other's ops, the paths in the build differing.
+# torch's extension cache; `make test` builds them at idle priority as it starts (by hand:
+# `.venv/bin/python ci/build_deepspeed_ops.py`). One cache per virtualenv: with the default
+# (~/.cache/torch_extensions, shared by every virtualenv of the user) two checkouts recompile each other's
+# ops, the paths in the build differing.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 # Tests run in a network namespace with only loopback where the kernel allows it (root, or
@@ -49,8 +50,9 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --upgrade --quiet pip
-	@# pip byte-compiles what it installs one file at a time (30 s of 90 s here); compileall below does it on
-	@# every core. Compiled once, as Python never writes .pyc files where PYTHONDONTWRITEBYTECODE is set.
+	@# pip byte-compiles what it installs one file at a time (47 s of 91 s here); compileall below does it
+	@# on every core (34 s). Compiled here because where PYTHONDONTWRITEBYTECODE is set, Python never writes
+	@# .pyc files itself: every run would compile every import from source.
 	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
 	@# jsonschema imports rfc3987-syntax whenever it is installed (jupyter-events pulls it in, only to
