@@ -105,8 +105,17 @@ CASES = {
 }
 
 
+# GLUE and Dolly refuse an elastic run: their checkpoints would load, but the global batch and the place in
+# the data after a resume would change with the world size.
+_MIN_WORKERS_REFUSED = (
+    {"SMOKE_TEST": True, "MIN_WORKERS": 1},
+    "ParameterError",
+    ["MIN_WORKERS=1", "cannot continue on fewer workers", "global batch", "NUM_WORKERS=2"],
+)
+
 GLUE_CASES = {
     "unknown_task": ({"SMOKE_TEST": True, "TASK": "squad"}, "ParameterError", ["TASK='squad'", "'mnli-mm'"]),
+    "min_workers_refused": _MIN_WORKERS_REFUSED,
     **_batch_size_cases("GLUE_PATH"),
     "missing_checkpoint_offline": (
         {"MODEL_NAME": "no-such-org/no-such-bert", "USE_GPU": False},
@@ -128,6 +137,7 @@ def _tiny_neox():
 # Explicit CPU settings, so that each case fails on the one parameter it names.
 _DOLLY_CPU = {"MODEL_NAME": _tiny_neox, "USE_GPU": False, "PRECISION": "bf16-mixed", "CPU_OFFLOAD": False}
 DOLLY_CASES = {
+    "min_workers_refused": _MIN_WORKERS_REFUSED,
     "batch_size_0": (
         {"SMOKE_TEST": True, "BATCH_SIZE_PER_WORKER": 0},
         "ParameterError",
