@@ -294,7 +294,7 @@ def run_as_job(
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "ci" / "submit_job.py"), name, *args],
-        env={**notebook_env(cluster)},
+        env=notebook_env(cluster),
         capture_output=True,
         text=True,
         timeout=timeout,
