@@ -100,10 +100,11 @@ cluster-add-node:
 # otherwise: make job NOTEBOOK=glue_text_classification ARGS="-p TASK stsb". The project's files are the job's
 # working_dir (helpers shipped with it); the executed notebook goes to $STORAGE_PATH/jobs/<job id>/.
 JOB_ARGS ?= -p SMOKE_TEST True
+# The project's cluster.env and Python, wherever make runs from (cluster.env is shell code: never a caller's).
 job: install
-	@test -f cluster.env || { echo "No cluster.env: start the local cluster first (make cluster-up)."; exit 1; }
+	@test -f "$(ROOT)/cluster.env" || { echo "No $(ROOT)/cluster.env: start the local cluster first (make cluster-up)."; exit 1; }
 	@test -n "$(NOTEBOOK)" || { echo "NOTEBOOK=<name> is required, e.g. make job NOTEBOOK=glue_text_classification"; exit 1; }
-	. ./cluster.env && $(BIN)/python ci/submit_job.py $(NOTEBOOK) $(JOB_ARGS) $(ARGS)
+	. "$(ROOT)/cluster.env" && "$(ROOT)/$(BIN)/python" "$(ROOT)/ci/submit_job.py" $(NOTEBOOK) $(JOB_ARGS) $(ARGS)
 
 # Storage that stalls: the bucket answers nothing for SECONDS (the S3 server paused, then resumed).
 SECONDS ?= 25

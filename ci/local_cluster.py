@@ -60,11 +60,38 @@ class ClusterBusy(RuntimeError):
 
 
 def _credentials() -> dict:
-    # moto accepts any credentials and checks that requests are signed. A new secret per cluster: one that
-    # shows up in a log or a results file is found by searching for it (tests/conftest.py does).
+    """New secrets per cluster (one that shows up in a log or a results file is found by searching for it,
+    as tests/conftest.py does): the bucket's key and secret, which ci/s3_server.py checks every request's
+    signature against, and the tracking server's token, which ci/mlflow_server.py asks every client for."""
     return {
         "AWS_ACCESS_KEY_ID": "llm-notebooks-key",
         "AWS_SECRET_ACCESS_KEY": f"llm-notebooks-{secrets.token_hex(16)}",
+        "MLFLOW_TRACKING_TOKEN": secrets.token_hex(32),
+    }
+
+
+# What the cluster's processes get of the caller's environment: the system's basics, Python's and the
+# project's settings, offline switches, and proxies (the tests' tripwire); never a credential the shell holds
+# (a GITHUB_TOKEN, a cloud key, HF_TOKEN: the notebooks hand the Hub token to their workers themselves).
+_KEPT_NAMES = {
+    *("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "VIRTUAL_ENV"),
+    *("TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES", "MPLBACKEND", "DO_NOT_TRACK"),
+    *("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"),
+    *("HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"),
+    *("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"),
+}
+_KEPT_PREFIXES = ("LC_", "PYTHON", "LLM_NOTEBOOKS_")
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+
+
+def kept_env(environ=os.environ) -> dict:
+    """The caller's variables a cluster process may have (see _KEPT_NAMES); a proxy with a user in it is not."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if (name in _KEPT_NAMES or name.startswith(_KEPT_PREFIXES))
+        and not any(word in name.upper() for word in _SECRET_WORDS)
+        and not ("PROXY" in name.upper() and "@" in value)
     }
 
 
@@ -101,7 +128,8 @@ def _wait_for_port(port: int, proc: subprocess.Popen, what: str, log: Path, time
 
 def _start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
     # A session of its own: the process outlives `make cluster-up`'s shell and no terminal signal reaches it.
-    with open(log, "ab") as out:
+    # Its log is its owner's alone, as the state folder is.
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
@@ -128,11 +156,12 @@ def node_env(
     base: dict | None = None,
     node_death_s: int | None = None,
 ) -> dict:
-    """The environment of every Ray node (and of a driver): token auth, bucket credentials, quiet Ray."""
+    """The environment of every Ray node: the caller's kept variables (`kept_env`), token auth, the bucket's
+    and the tracking server's credentials (as instance credentials are on a real cluster), quiet Ray."""
     sys.path.insert(0, str(ROOT))
     from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
 
-    env = dict(os.environ if base is None else base)
+    env = kept_env(os.environ if base is None else base)
     env.update(RAY_ENV)
     env.update(LOCAL_RAY_ENV)  # a laptop's cluster: no preemption watcher, one parquet footer reader
     env.update(
@@ -144,6 +173,8 @@ def node_env(
         # With usage stats disabled, `ray start` still sends one "disabled" report; keep it on loopback.
         RAY_USAGE_STATS_ENABLED="0",
         RAY_USAGE_STATS_REPORT_URL="http://127.0.0.1:9/",
+        # No metrics exporters: plain HTTP servers without a credential, which nothing here reads.
+        RAY_enable_metrics_collection="0",
     )
     if node_death_s:  # the GCS checks each raylet every second and gives up after node_death_s misses
         env.update(
@@ -164,16 +195,14 @@ def _node_command(temp_dir: str, cpus: int, object_store_mb: int) -> list[str]:
 
 
 def _mlflow_command(state_dir: Path, port: int) -> list[str]:
-    return [
-        str(BIN / "mlflow"),
-        "server",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        "--workers=1",
-        f"--backend-store-uri=sqlite:///{state_dir.resolve() / 'mlflow.db'}",
-        "--serve-artifacts",
-        f"--artifacts-destination=s3://{BUCKET}/mlflow",
-    ]
+    """MLflow's server behind the cluster's guard (ci/mlflow_server.py): runs in SQLite in the state folder,
+    artifacts in the bucket, which the server writes for its clients (its artifact proxy)."""
+    database = state_dir.resolve() / "mlflow.db"
+    # Kept across clusters (the UI shows earlier runs too), and its owner's alone.
+    os.close(os.open(database, os.O_WRONLY | os.O_CREAT, 0o600))
+    database.chmod(0o600)
+    server = [sys.executable, str(ROOT / "ci" / "mlflow_server.py"), str(port)]
+    return [*server, f"sqlite:///{database}", f"s3://{BUCKET}/mlflow"]
 
 
 def _held(state: dict) -> str | None:
@@ -194,7 +223,8 @@ def _claim(state_dir: Path, env_file: Path, held_by_caller: bool) -> dict:
     import psutil
 
     state_file = state_dir / "state.json"
-    with open(state_dir / ".lock", "a") as lock:
+    with os.fdopen(os.open(state_dir / ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as lock:
+        os.fchmod(lock.fileno(), 0o600)  # made by an earlier version
         fcntl.flock(lock, fcntl.LOCK_EX)  # one claim at a time: the check and the new state together
         if state_file.exists():
             try:
@@ -232,10 +262,14 @@ def up(
     the head declares a silent node dead after about this many seconds (Ray's default: 30-40 s).
     """
     state_file = state_dir / "state.json"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     state = _claim(state_dir, env_file, held_by_caller)
     logs = state_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs.mkdir(mode=0o700, exist_ok=True)
+    for private in (state_dir, logs):  # made by an earlier version, or under another umask
+        private.chmod(0o700)
+    for old_log in logs.iterdir():
+        old_log.chmod(0o600)
     _write_private(state_dir / "auth_token", secrets.token_hex(32))
     # Ray's sockets live under its temp dir and Unix socket paths are short: keep it under /tmp.
     # One per node, as on separate machines: each node's log monitor then forwards only its own workers' logs.
@@ -250,8 +284,9 @@ def up(
     try:
         s3_port = free_port()
         env = node_env(state_dir, s3_port, credentials, node_death_s=node_death_s)
+        bucket_keys = {k: credentials[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
         server = [sys.executable, str(ROOT / "ci" / "s3_server.py"), str(s3_port)]
-        moto = _start(server, logs / "s3.log", env)
+        moto = _start(server, logs / "s3.log", {**kept_env(), **bucket_keys})
         state["processes"].append(_record(moto, "s3"))
         save()
         _wait_for_port(s3_port, moto, "the S3 server", logs / "s3.log")
@@ -267,14 +302,17 @@ def up(
         )
         s3.create_dir(BUCKET)
 
-        # The MLflow tracking server: runs in SQLite in the state folder (kept across clusters), artifacts
-        # in the bucket, which the server writes for its clients (--serve-artifacts). Telemetry off.
+        # The MLflow tracking server, with the bucket's keys (its artifact proxy writes there) and its own
+        # token; HOME is a folder of the cluster's, where MLflow keeps its per-user settings.
         mlflow_port = free_port()
-        # Its job runner (for GenAI scorers, unused here) costs 18 CPU-seconds at start: off.
+        (state_dir / "mlflow-home").mkdir(mode=0o700, exist_ok=True)
         mlflow_env = {
-            **env,
-            "MLFLOW_DISABLE_TELEMETRY": "true",
-            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            **kept_env(),
+            **bucket_keys,
+            "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
+            "AWS_REGION": env["AWS_REGION"],
+            "HOME": str((state_dir / "mlflow-home").resolve()),
+            "LLM_NOTEBOOKS_MLFLOW_SERVER_TOKEN": credentials["MLFLOW_TRACKING_TOKEN"],
         }
         mlflow = _start(_mlflow_command(state_dir, mlflow_port), logs / "mlflow.log", mlflow_env)
         state["processes"].append(_record(mlflow, "mlflow"))
@@ -333,8 +371,8 @@ def up(
         # build logs unreadably, and DeepSpeed's ops were rebuilt (15-30 s) whenever the other one ran.
         "LLM_NOTEBOOKS_JOB_PYTHON": str(BIN / "python"),
     }
-    # The secret stays in cluster.env alone (and in the nodes' environment).
-    shown = {k: v for k, v in driver.items() if k != "AWS_SECRET_ACCESS_KEY"}
+    # The secrets stay in cluster.env alone (and in the nodes' environment).
+    shown = {k: v for k, v in driver.items() if k not in ("AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN")}
     state.update(driver=shown, seconds_to_start=round(time.perf_counter() - started, 1))
     save()
     lines = [
@@ -450,7 +488,9 @@ def add_node(state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "clust
         for line in env_file.read_text().splitlines()
         if line.startswith("export ")
     )
-    credentials = {k: exported[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    credentials = {
+        k: exported[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN")
+    }
     env = node_env(state_dir, config["s3_port"], credentials, node_death_s=config.get("node_death_s"))
     numbers = [
         int(r["name"].rsplit("-", 1)[1]) for r in state["processes"] if r["name"].startswith("ray-node-")

@@ -1,16 +1,20 @@
 """The local cluster's S3 API server: moto's, on loopback, answering S3 clients and nothing else.
 
-    python ci/s3_server.py PORT
+    python ci/s3_server.py PORT      # the bucket's keys in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
 
-moto's own `moto_server` allows requests from any web origin (CORS on) and has an unauthenticated
-`/moto-api/reset` endpoint, so that any web page the user opens could read or wipe the bucket's
-checkpoints. This one serves the same moto application behind a guard that refuses (403):
+moto's own `moto_server` allows requests from any web origin (CORS on), has an unauthenticated
+`/moto-api/reset` endpoint, and checks no request's signature (unless told to check them against its own
+IAM users): any local process or web page could read, replace or wipe the bucket's checkpoints, which are
+pickles the workers load. This one serves the same moto application behind a guard that refuses (403):
 
 - any request that carries an `Origin` header: browsers send one with every cross-origin request that
   could change or read something, S3 clients (pyarrow, boto3) never do;
 - any `Host` other than 127.0.0.1 or localhost on this port (a page whose name was rebound to
   127.0.0.1 sends its own name);
-- moto's own API and dashboard (`/moto-api/...`).
+- moto's own API and dashboard (`/moto-api/...`);
+- any request not signed (AWS Signature Version 4, in the `Authorization` header) with the bucket's key
+  and secret, or signed more than 15 minutes ago: the guard computes the signature again with the secret
+  (botocore's signer) and compares.
 
 and moto's global CORS is off (`MOTO_DISABLE_GLOBAL_CORS`), so no answer carries an
 `Access-Control-Allow-Origin` header.
@@ -18,13 +22,81 @@ and moto's global CORS is off (`MOTO_DISABLE_GLOBAL_CORS`), so no answer carries
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 import signal
 import sys
+import time
+from datetime import UTC, datetime
+
+_AUTHORIZATION = re.compile(
+    r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<date>\d{8})/(?P<region>[^/]+)/s3/aws4_request,\s*"
+    r"SignedHeaders=(?P<signed>[a-z0-9;-]+),\s*Signature=(?P<signature>[0-9a-f]{64})$"
+)
+MAX_SKEW_S = 15 * 60  # as S3: a signature older (or newer) than this is refused
 
 
-def guard(app, port: int):
+def _header(environ, name: str) -> str | None:
+    if name in ("content-type", "content-length"):
+        return environ.get(name.upper().replace("-", "_"))
+    return environ.get("HTTP_" + name.upper().replace("-", "_"))
+
+
+def _canonical_query(query: str) -> str:
+    """S3's canonical query string: each name and value decoded and encoded again, sorted."""
+    from urllib.parse import quote, unquote
+
+    pairs = []
+    for part in filter(None, query.split("&")):
+        key, _, value = part.partition("=")
+        pairs.append((quote(unquote(key), safe="-_.~"), quote(unquote(value), safe="-_.~")))
+    return "&".join(f"{k}={v}" for k, v in sorted(pairs))
+
+
+def signature_problem(environ, key_id: str, secret: str) -> str | None:
+    """Why the request is not signed with `key_id` and `secret` (SigV4, `Authorization` header); None if it is."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    match = _AUTHORIZATION.match(environ.get("HTTP_AUTHORIZATION", ""))
+    if not match:
+        return "unsigned request"
+    if not hmac.compare_digest(match["key"], key_id):
+        return "unknown access key"
+    stamp = _header(environ, "x-amz-date") or ""
+    try:
+        signed_at = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return "no X-Amz-Date"
+    if not stamp.startswith(match["date"]) or abs(time.time() - signed_at) > MAX_SKEW_S:
+        return "signature expired"
+    names = match["signed"].split(";")
+    if "host" not in names or "x-amz-content-sha256" not in names:
+        return "Host and X-Amz-Content-SHA256 must be signed"
+    # The canonical request from the headers the client says it signed, the path as it sent it (S3 does
+    # not normalise paths) and the query in canonical form; then botocore's string to sign and signature.
+    signer = S3SigV4Auth(Credentials(key_id, secret), "s3", match["region"])
+    headers = {name: " ".join((_header(environ, name) or "").split()) for name in names}
+    path, _, query = environ.get("RAW_URI", environ.get("PATH_INFO", "/")).partition("?")
+    canonical = "\n".join(
+        [
+            environ["REQUEST_METHOD"],
+            path,
+            _canonical_query(query),
+            "".join(f"{name}:{headers[name]}\n" for name in names),
+            match["signed"],
+            headers["x-amz-content-sha256"],
+        ]
+    )
+    request = AWSRequest(method=environ["REQUEST_METHOD"], url=f"http://{headers['host']}{path}")
+    request.context["timestamp"] = stamp
+    expected = signer.signature(signer.string_to_sign(request, canonical), request)
+    return None if hmac.compare_digest(expected, match["signature"]) else "signature does not match"
+
+
+def guard(app, port: int, key_id: str, secret: str):
     allowed_hosts = {f"127.0.0.1:{port}", f"localhost:{port}"}
 
     def guarded(environ, start_response):
@@ -35,6 +107,8 @@ def guard(app, port: int):
             refused = "unknown Host"
         elif environ.get("PATH_INFO", "").startswith("/moto-api"):
             refused = "moto's API is off"
+        else:
+            refused = signature_problem(environ, key_id, secret)
         if refused:
             start_response("403 Forbidden", [("Content-Type", "text/plain")])
             return [refused.encode()]
@@ -95,6 +169,7 @@ def _ranged_get(environ, start_response):
 
 def main() -> None:
     port = int(sys.argv[1])
+    key_id, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
     os.environ["MOTO_DISABLE_GLOBAL_CORS"] = "true"  # read when moto's settings are first imported
     os.environ["MOTO_PORT"] = str(port)
     from moto.moto_server.werkzeug_app import (
@@ -106,7 +181,9 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `down` stops it with SIGTERM
     app = DomainDispatcherApplication(create_backend_app)
-    run_simple("127.0.0.1", port, guard(app, port), threaded=True, request_handler=MotoRequestHandler)
+    run_simple(
+        "127.0.0.1", port, guard(app, port, key_id, secret), threaded=True, request_handler=MotoRequestHandler
+    )
 
 
 if __name__ == "__main__":

@@ -4,14 +4,17 @@
 
 What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermill ...` would):
 
-- ships this project's files (not `.git`, nor what `.gitignore` lists: no virtualenv, no caches) as the job's
-  `working_dir`; the notebook's `import helpers` takes the shipped copy, on the head node and in every
-  worker, never one installed on the cluster;
+- ships what the notebooks need of this project (`helpers/` and `notebooks/`, the files git tracks there) as
+  the job's `working_dir`: nothing else of the checkout, no executed notebook, no local state; the notebook's
+  `import helpers` takes the shipped copy, on the head node and in every worker, never one installed on the
+  cluster;
 - runs `python -m papermill notebooks/<NOTEBOOK>.ipynb <STORAGE_PATH>/jobs/<job id>/<NOTEBOOK>.ipynb` there,
   with `--log-output`, so `ray job logs <job id>` shows the notebook's printed lines (`python`: the head
   node's, or `LLM_NOTEBOOKS_JOB_PYTHON`, which the local cluster's `cluster.env` sets);
 - passes `STORAGE_PATH` and `MLFLOW_TRACKING_URI` from this shell in the job's `env_vars` (never a secret:
-  Ray keeps a job's variables in its job table; the nodes' own credentials reach the bucket);
+  Ray keeps a job's variables in its job table; the nodes' own credentials reach the bucket). A value with
+  credentials written into it (`s3://KEY:SECRET@bucket/...`), there or in a papermill argument, is refused
+  before anything records it: the job table, Ray's logs and the executed notebook would all keep it;
 - waits for the job and prints its status, where its executed notebook is, and its log command.
 
 The cluster is `RAY_API_SERVER_ADDRESS` (its dashboard; `cluster.env` of `make cluster-up` sets it), with
@@ -43,6 +46,7 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
             f"{', '.join(missing + ['RAY_API_SERVER_ADDRESS'])} not set: `source cluster.env` (make cluster-up) "
             "or set them for your cluster."
         )
+    _refuse_credentials({v: os.environ[v] for v in PASSED_VARS}, papermill_args)
     job_id = submission_id or f"{notebook}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     output = f"{os.environ['STORAGE_PATH'].rstrip('/')}/jobs/{job_id}/{notebook}.ipynb"
     python = os.environ.get("LLM_NOTEBOOKS_JOB_PYTHON", "python")  # the nodes' Python
@@ -52,10 +56,48 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
     client.submit_job(
         entrypoint=entrypoint,
         submission_id=job_id,
-        # Ray leaves out of the upload what .gitignore lists, and .git and .venv.
-        runtime_env={"working_dir": str(ROOT), "env_vars": {v: os.environ[v] for v in PASSED_VARS}},
+        runtime_env={
+            "working_dir": str(ROOT),
+            "excludes": _excludes(),
+            "env_vars": {v: os.environ[v] for v in PASSED_VARS},
+        },
     )
     return job_id, output
+
+
+SHIPPED = ("helpers", "notebooks")  # what a notebook run needs of the project
+
+
+def _excludes() -> list[str]:
+    """Ray's `excludes` (gitignore patterns, from the project's root) that leave only SHIPPED's tracked
+    files: every other top-level entry, and any file git does not track under SHIPPED (an executed
+    `out.ipynb`, a results file)."""
+    import subprocess
+
+    others = [f"/{p.name}" for p in ROOT.iterdir() if p.name not in SHIPPED]
+    untracked = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "--others", "--", *SHIPPED],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return others + [f"/{path}" for path in untracked]
+
+
+def _refuse_credentials(variables: dict[str, str], papermill_args: list[str]) -> None:
+    """Exit, naming where, if a value carries credentials (`helpers.storage.redact` would mask it)."""
+    sys.path.insert(0, str(ROOT))
+    from helpers.storage import redact
+
+    found = [f"{name}={redact(value)!r}" for name, value in variables.items() if redact(value) != value]
+    found += [f"argument {redact(arg)!r}" for arg in papermill_args if redact(arg) != arg]
+    if found:
+        raise SystemExit(
+            f"Not submitted: credentials written into {', '.join(found)}. A job's variables, its entry point "
+            "and its notebook are recorded (Ray's job table and logs, the executed notebook): give the "
+            "cluster's nodes the credentials instead (instance credentials, or AWS_ACCESS_KEY_ID / "
+            "AWS_SECRET_ACCESS_KEY in their environment)."
+        )
 
 
 def _quote(arg: str) -> str:

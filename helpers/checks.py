@@ -18,6 +18,8 @@ the parameters cell's comments say what each parameter allows.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 
 from .storage import redact
@@ -146,6 +148,14 @@ def _gpt2(p: dict) -> None:
             f"ZERO_STAGE={p['ZERO_STAGE']} can offload 'optimizer'."
         )
     check_choice("PRECISION", p["PRECISION"], ["bf16", "fp16", "fp32"])
+    # It names the run's folder under STORAGE_PATH: a name, never a path out of it.
+    if not isinstance(p["EXPERIMENT_PREFIX"], str) or not re.fullmatch(
+        r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", p["EXPERIMENT_PREFIX"]
+    ):
+        raise ParameterError(
+            f"EXPERIMENT_PREFIX={p['EXPERIMENT_PREFIX']!r}: must be a name of letters, digits, '_', '.' or '-' "
+            "(at most 64, no '/'), e.g. 'deepspeed_sample'."
+        )
     if p["PRECISION"] == "fp16" and not p["USE_GPU"]:
         # DeepSpeed's CPU accelerator supports fp16 only with special builds; bf16 works everywhere.
         raise ParameterError("PRECISION='fp16' needs USE_GPU=True; on CPU use PRECISION='bf16' or 'fp32'.")
@@ -177,7 +187,8 @@ def _llama(p: dict) -> None:
     check_int("GRADIENT_ACCUMULATION_STEPS", p["GRADIENT_ACCUMULATION_STEPS"], minimum=1)
     check_int("LOGGING_STEPS", p["LOGGING_STEPS"], minimum=1)
     check_int("SAVE_STEPS", p["SAVE_STEPS"], minimum=1)
-    check_int("COLLECTIVE_TIMEOUT_S", p["COLLECTIVE_TIMEOUT_S"], minimum=60)
+    check_int("COLLECTIVE_TIMEOUT_S", p["COLLECTIVE_TIMEOUT_S"], minimum=60, maximum=7 * 24 * 3600)
+    check_int("RESIZE_CHECK_S", p["RESIZE_CHECK_S"], minimum=1, maximum=3600)
     check_choice("USE_FLASH_ATTN", p["USE_FLASH_ATTN"], [True, False])
     check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False])
     check_int("LORA_RANK", p["LORA_RANK"], minimum=0)
@@ -196,8 +207,8 @@ def _glue(p: dict) -> None:
     check_choice("TASK", p["TASK"], GLUE_TASKS)
     check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
     value = p["WEIGHT_DECAY"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ParameterError(f"WEIGHT_DECAY={value!r}: must be a number >= 0.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ParameterError(f"WEIGHT_DECAY={value!r}: must be a finite number >= 0.")
     _common(p)
 
 

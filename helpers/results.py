@@ -44,16 +44,32 @@ def write_results(path: str, **results) -> dict | None:
     numbers and that `checkpoint_path` (a folder, or a URI such as `s3://bucket/...`) exists, so a
     broken run cannot write a results file that looks fine.
 
-    With `mlflow_run_id`, it also ends that MLflow run, path or not: the results' numbers, the checkpoint's
+    With `mlflow_run_id`, it then ends that MLflow run, path or not: the results' numbers, the checkpoint's
     URI and the kill go into the run, and the run is marked finished (`helpers.tracking.finish_run`); the
     results then say where the run is (`mlflow`: tracking URI, experiment, the run's page on a server).
+    The file is written first: a tracking server that does not answer (within about 20 s) costs the run
+    its summary in MLflow, with one line saying so, never its results.
     """
+    written = _write(path, results) if path else None
     if results.get("mlflow_run_id"):
-        from .tracking import finish_run
+        from .tracking import _bounded, _shown, finish_run, tracking_uri
 
-        results["mlflow"] = finish_run(results["mlflow_run_id"], results)  # where to find the run
-    if not path:
-        return None
+        try:
+            with _bounded():
+                results["mlflow"] = finish_run(results["mlflow_run_id"], results)  # where to find the run
+        except Exception as exc:  # noqa: BLE001 - tracking is a record of the run, not the run
+            print(
+                f"MLflow: the run's summary was not recorded at {_shown(tracking_uri())} "
+                f"({exc.__class__.__name__}); the results are in {path or 'this notebook'}."
+            )
+            return written
+        if path:
+            _dump(path, results)
+    return results if path else None
+
+
+def _write(path: str, results: dict) -> dict:
+    """Check the results (see `write_results`) and write them to `path`."""
     missing = [k for k in REQUIRED_KEYS if k not in results]
     if missing:
         raise KeyError(f"results are missing {missing}")
@@ -62,6 +78,10 @@ def write_results(path: str, **results) -> dict | None:
         raise ValueError(f"losses must be a non-empty list of finite numbers, got {losses[:5]}...")
     if not _is_folder(results["checkpoint_path"]):
         raise FileNotFoundError(f"checkpoint_path {results['checkpoint_path']!r} is not a folder")
+    return _dump(path, results)
+
+
+def _dump(path: str, results: dict) -> dict:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=float)

@@ -76,6 +76,24 @@ OFFLINE_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true"}
 URI = "MLFLOW_TRACKING_URI"
 RESUMED = "resumed_from_step"  # the metric that marks where an attempt resumed
 _LOCAL_SCHEMES = ("sqlite", "file", "")
+# MLflow's client retries a request 7 times with backoff, 120 s each (minutes in all) before it raises. Where
+# a tracking call must not hold the run (its summary, marking it failed), it gets one retry of 10 s.
+BOUNDED_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+@contextlib.contextmanager
+def _bounded():
+    """MLflow's HTTP requests inside the block: BOUNDED_HTTP (MLflow reads these at each request)."""
+    saved = {k: os.environ.get(k) for k in BOUNDED_HTTP}
+    os.environ.update(BOUNDED_HTTP)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def default_uri() -> str:
@@ -209,7 +227,45 @@ def start_run(notebook: str, namespace: dict) -> str:
     params = [Param(k, str(v)) for k, v in values.items()]
     for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters per call
         client.log_batch(run.info.run_id, params=params[i : i + 100])
+    _fail_run_on_error(run.info.run_id)
     return run.info.run_id
+
+
+_FAILURE_HOOKS: dict[str, object] = {}  # run id: the IPython hook that marks it FAILED
+
+
+def _fail_run_on_error(run_id: str) -> None:
+    """In a notebook: the first cell that raises after the run started marks the run FAILED (it would stay
+    RUNNING for ever otherwise). The mark is best-effort and bounded (BOUNDED_HTTP); `finish_run` removes it."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def after_cell(result) -> None:
+        if result.error_in_exec is None:
+            return
+        _forget_failure_hook(run_id)
+        try:
+            with _bounded():
+                _client().set_terminated(run_id, "FAILED")
+        except Exception as exc:  # noqa: BLE001 - the cell's own error is what the reader must see
+            print(
+                f"MLflow: could not mark run {run_id} FAILED at {_shown(tracking_uri())} ({exc.__class__.__name__})"
+            )
+
+    _FAILURE_HOOKS[run_id] = (shell, after_cell)
+    shell.events.register("post_run_cell", after_cell)
+
+
+def _forget_failure_hook(run_id: str) -> None:
+    shell, hook = _FAILURE_HOOKS.pop(run_id, (None, None))
+    if shell is not None:
+        with contextlib.suppress(ValueError):
+            shell.events.unregister("post_run_cell", hook)
 
 
 def _last_steps(client, run_id: str) -> dict[str, int]:
@@ -339,6 +395,7 @@ def finish_run(run_id: str, results: dict) -> dict:
 
     from mlflow.entities import Metric, RunTag
 
+    _forget_failure_hook(run_id)
     client = _client()
     metrics, tags = _flat({k: v for k, v in results.items() if k not in ("losses", "parameters")})
     last = max(0, len(results.get("losses") or []))

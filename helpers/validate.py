@@ -8,6 +8,7 @@ shape error inside a Ray worker. Used by `helpers.check_parameters` (the "Set up
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -42,9 +43,9 @@ def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | 
 
 
 def check_positive(name: str, value: Any) -> float:
-    """`value` must be a number greater than 0 (learning rates, epsilons)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ParameterError(f"{name}={value!r}: must be a number greater than 0.")
+    """`value` must be a finite number greater than 0 (learning rates, epsilons)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ParameterError(f"{name}={value!r}: must be a finite number greater than 0.")
     return value
 
 

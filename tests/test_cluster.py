@@ -16,7 +16,15 @@ import threading
 import time
 
 import pytest
-from notebook_runs import CLUSTER_DIR, ROOT, filesystem, notebook_env, secret_leaks
+from notebook_runs import (
+    CANARY_HF_TOKEN,
+    CANARY_SHELL_SECRET,
+    CLUSTER_DIR,
+    ROOT,
+    filesystem,
+    notebook_env,
+    secret_leaks,
+)
 
 
 def _driver(code: str, env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -68,7 +76,8 @@ helpers.start_ray()
 def probe():
     import os, helpers
     return {"node": ray.get_runtime_context().get_node_id(), "helpers": helpers.__file__,
-            "env": {k: os.environ.get(k) for k in ("HF_TOKEN", "HF_ENDPOINT", "HF_HOME")}}
+            "env": {k: os.environ.get(k) for k in ("HF_TOKEN", "HF_ENDPOINT", "HF_HOME")},
+            "shell": os.environ.get("GITHUB_TOKEN")}
 
 nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
 print(json.dumps(ray.get([probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes])))
@@ -90,6 +99,7 @@ print(json.dumps({k: any(os.environ[v].encode() in job for job in jobs) for k, v
     editable = str(ROOT / "helpers")
     for worker in workers:
         assert worker["env"] == hub, worker
+        assert worker["shell"] is None, worker  # the driver's shell credential (a canary) stays there
         # The job's copy (runtime_resources/py_modules_files/...), not the project's editable install.
         assert "py_modules_files" in worker["helpers"] and not worker["helpers"].startswith(editable), worker
     assert os.environ.get("HF_TOKEN") != "hf_test_token"
@@ -104,8 +114,15 @@ print(json.dumps({k: any(os.environ[v].encode() in job for job in jobs) for k, v
 def test_secret_bearing_files_are_the_owners_alone(ray_cluster, tmp_path):
     import local_cluster
 
-    for name in ("cluster.env", "state.json", "auth_token"):
+    for name in ("cluster.env", "state.json", "auth_token", "mlflow.db", ".lock"):
         assert (CLUSTER_DIR / name).stat().st_mode & 0o777 == 0o600, name
+    # The state folder, its logs and MLflow's home are its owner's alone, and so is every log file.
+    for folder in (CLUSTER_DIR, CLUSTER_DIR / "logs", CLUSTER_DIR / "mlflow-home"):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    logs = list((CLUSTER_DIR / "logs").iterdir())
+    assert logs and all(log.stat().st_mode & 0o777 == 0o600 for log in logs), [
+        oct(f.stat().st_mode) for f in logs
+    ]
     # The bucket's secret is in cluster.env only, not in the state file that `status` reads.
     assert ray_cluster["AWS_SECRET_ACCESS_KEY"] not in (CLUSTER_DIR / "state.json").read_text()
     # An older file of the same name, readable by all, is replaced by an owner-only one.
@@ -248,3 +265,154 @@ def test_a_checkpoint_write_outlasts_a_stalled_bucket_or_fails_cleanly(ray_clust
         for i in fs.get_file_info(pafs.FileSelector(f"{root}/stall-test/failed", allow_not_found=True))
     ]
     assert ".metadata" not in names, names
+
+
+def _cluster_processes() -> list:
+    """Every live process the test cluster started, and their children (raylets, agents, Ray workers)."""
+    import psutil
+
+    records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
+    found = {}
+    for record in records:
+        try:
+            root = psutil.Process(record["pid"])
+            found.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+        except psutil.NoSuchProcess:
+            pass
+    return list(found.values())
+
+
+def test_no_cluster_process_gets_the_shells_credentials(ray_cluster):
+    # The session's shell holds a GITHUB_TOKEN and an HF_TOKEN (canaries, set before the cluster started);
+    # the cluster's processes get an allowlist of the caller's variables, and their own credentials.
+    import psutil
+
+    processes = _cluster_processes()
+    names = {p.info["name"] for p in psutil.process_iter(["name"]) if p.pid in {q.pid for q in processes}}
+    assert {"raylet", "gcs_server"} <= names, names
+    read = 0
+    for proc in processes:
+        try:
+            environ = proc.environ()
+        except psutil.Error:  # gone meanwhile
+            continue
+        read += 1
+        assert CANARY_SHELL_SECRET not in environ.values(), (proc.pid, proc.name())
+        assert CANARY_HF_TOKEN not in environ.values(), (proc.pid, proc.name())
+    assert read >= 8, read  # two nodes' raylets, GCS, agents, the S3 and MLflow servers
+
+
+def _http(url: str, method: str = "GET", headers: dict | None = None, data: bytes | None = None):
+    """(status, headers, body) of one request, straight to loopback (not through the tests' tripwire proxy)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, method=method, headers=headers or {}, data=data)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=10) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
+def test_the_s3_server_takes_only_requests_signed_with_the_buckets_secret(ray_cluster):
+    import time
+
+    import boto3
+    import botocore.exceptions
+
+    endpoint = ray_cluster["AWS_ENDPOINT_URL"]
+    bucket = "llm-notebooks"
+
+    def client(key: str, secret: str):
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            region_name="us-east-1",
+        )
+
+    good = client(ray_cluster["AWS_ACCESS_KEY_ID"], ray_cluster["AWS_SECRET_ACCESS_KEY"])
+    good.put_object(Bucket=bucket, Key="probe/kept.bin", Body=b"0123456789")
+    # A wrong secret, and a key the server does not know: refused by boto3's own signed requests.
+    for key, secret in ((ray_cluster["AWS_ACCESS_KEY_ID"], "wrong"), ("attacker", "anything")):
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            client(key, secret).list_objects_v2(Bucket=bucket)
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    # A forged signature (the right key, signature 00...), then unsigned requests: a PUT, a listing, a
+    # ranged GET (answered by the server itself, not moto) and a DELETE.
+    now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    forged = {
+        "Authorization": f"AWS4-HMAC-SHA256 Credential={ray_cluster['AWS_ACCESS_KEY_ID']}/{now[:8]}/us-east-1/s3/"
+        f"aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={'0' * 64}",
+        "x-amz-date": now,
+        "x-amz-content-sha256": "UNSIGNED-PAYLOAD",
+    }
+    assert _http(f"{endpoint}/{bucket}/probe/kept.bin", "DELETE", forged)[0] == 403
+    assert _http(f"{endpoint}/{bucket}/probe/new.bin", "PUT", data=b"x")[0] == 403
+    assert _http(f"{endpoint}/{bucket}?list-type=2")[0] == 403
+    assert _http(f"{endpoint}/{bucket}/probe/kept.bin", headers={"Range": "bytes=0-3"})[0] == 403
+    assert _http(f"{endpoint}/{bucket}/probe/kept.bin", "DELETE")[0] == 403
+    # Nothing changed; the right keys still read, a range too.
+    ranged = good.get_object(Bucket=bucket, Key="probe/kept.bin", Range="bytes=2-5")["Body"].read()
+    assert ranged == b"2345"
+    assert [o["Key"] for o in good.list_objects_v2(Bucket=bucket, Prefix="probe/")["Contents"]] == [
+        "probe/kept.bin"
+    ]
+    good.delete_object(Bucket=bucket, Key="probe/kept.bin")
+
+
+def test_the_tracking_server_serves_only_the_clusters_credential_and_no_assistant(ray_cluster):
+    import base64
+
+    uri = ray_cluster["MLFLOW_TRACKING_URI"]
+    port = uri.rsplit(":", 1)[1]
+    token = ray_cluster["MLFLOW_TRACKING_TOKEN"]
+    bearer = {"Authorization": f"Bearer {token}"}
+    search = f"{uri}/api/2.0/mlflow/experiments/search?max_results=5"
+    # The cluster's credential: as MLflow's client sends it, and as a browser does (any user, the token).
+    assert _http(search, headers=bearer)[0] == 200
+    browser = {"Authorization": "Basic " + base64.b64encode(f"me:{token}".encode()).decode()}
+    status, _, page = _http(f"{uri}/", headers=browser)
+    assert status == 200 and b"<html" in page.lower()
+    # No credential, or a wrong one: 401, and the browser is asked for it.
+    status, headers, _ = _http(search)
+    assert status == 401 and headers.get("www-authenticate", "").startswith("Basic "), headers
+    assert _http(search, headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert _http(f"{uri}/health")[0] == 401
+    # Another Host (a rebound name, MLflow's own check takes 10.*), another page's Origin: refused.
+    assert _http(search, headers={**bearer, "Host": f"10.0.0.1.attacker.example:{port}"})[0] == 403
+    assert _http(search, headers={**bearer, "Host": f"10.0.0.1:{port}"})[0] == 403
+    assert _http(search, headers={**bearer, "Origin": f"http://localhost:{int(port) + 1}"})[0] == 403
+    assert _http(search, headers={**bearer, "Sec-Fetch-Site": "cross-site"})[0] == 403
+    assert _http(search, headers={**bearer, "Origin": f"http://127.0.0.1:{port}"})[0] == 200  # the UI's own
+    # The routes that act for the caller: refused even with the credential, whatever the spelling.
+    config = json.dumps({"providers": {"x": {"model": "m", "base_url": "http://127.0.0.1:9"}}}).encode()
+    for method, path in [
+        ("PUT", "/ajax-api/3.0/mlflow/assistant/config"),
+        ("POST", "/ajax-api/3.0/mlflow/assistant/message"),
+        ("GET", "/ajax-api/3.0/mlflow/assistant/config"),
+        ("GET", "//ajax-api/3.0/mlflow/assistant/config"),
+        ("GET", "/ajax-api/3.0/mlflow/./assistant/config"),
+        ("GET", "/ajax-api/3.0/mlflow/assist%61nt/config"),
+        ("GET", "/ajax-api/3.0/jobs/search"),
+        ("GET", "/gateway/x/mlflow/invocations"),
+        ("POST", "/ajax-api/2.0/mlflow/gateway-proxy"),
+        ("GET", "/ajax-api/3.0/mlflow/gateway/secrets/config"),
+        ("POST", "/ajax-api/3.0/mlflow/scorer/invoke"),
+        ("GET", "/ajax-api/3.0/mlflow/mcp-servers"),
+        ("GET", "/api/3.0/mlflow/mcp-servers"),
+    ]:
+        status, _, body = _http(
+            f"{uri}{path}", method, {**bearer, "Content-Type": "application/json"}, config
+        )
+        assert status == 403, (method, path, status, body[:200])
+    # MLflow keeps its settings (the assistant's among them) in the cluster's folder, not the user's home.
+    import psutil
+
+    record = next(
+        r for r in json.loads((CLUSTER_DIR / "state.json").read_text())["processes"] if r["name"] == "mlflow"
+    )
+    assert psutil.Process(record["pid"]).environ()["HOME"] == str((CLUSTER_DIR / "mlflow-home").resolve())

@@ -117,6 +117,9 @@ def test_play_script_and_chat_fixtures():
         (lambda: helpers.check_int("NUM_WORKERS", True, minimum=1), ["NUM_WORKERS=True", "integer"]),
         (lambda: helpers.check_choice("ZERO_STAGE", 4, [0, 1, 2, 3]), ["ZERO_STAGE=4", "0, 1, 2, 3"]),
         (lambda: helpers.check_positive("LEARNING_RATE", 0), ["LEARNING_RATE=0", "greater than 0"]),
+        # `-p LEARNING_RATE inf` trained to NaN; NaN is no number to train with either.
+        (lambda: helpers.check_positive("LEARNING_RATE", float("inf")), ["LEARNING_RATE=inf", "finite"]),
+        (lambda: helpers.check_positive("LEARNING_RATE", float("nan")), ["LEARNING_RATE=nan", "finite"]),
         (
             lambda: helpers.check_max_positions("MAX_SEQ_LEN", 129, helpers.tiny_model("gpt2")),
             ["MAX_SEQ_LEN=129", "<= 128"],

@@ -38,13 +38,19 @@ ELASTIC = {"SMOKE_TEST": True, "MIN_WORKERS": 1, "SAVE_STEPS": 6, "KILL_WORKER_A
 # up after this many seconds, and tried again (Ray's default: 60 s). The head declares the node dead after
 # 10 s without an answer (tests/notebook_runs.py, start_cluster): the next try sees one node.
 START_TIMEOUT = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "12"}
+# With the node lost and back (three attempts, a 12 s wait for workers that could not start) and the bucket's
+# 20 s stall: measured 185-217 s on fresh clones, 291 s once in a busy one (the lone worker's steps after its
+# last registered checkpoint run again; how many varies). Its budget, twice the longest of those runs:
+ELASTIC_BUDGET_S = 600
 
 
 @pytest.fixture(scope="module")
 def smoke_run(ray_cluster):
     # ... and, once back on two workers, the bucket stalls for 20 s in the middle of the last checkpoint's write.
     with NodeLoss(ray_cluster, run_prefix="llama-2-fsdp_", stall_at_checkpoint=24, stall_s=20) as chaos:
-        results, wall, error = execute(NAME, ELASTIC, "elastic", cluster=ray_cluster, env=START_TIMEOUT)
+        results, wall, error = execute(
+            NAME, ELASTIC, "elastic", cluster=ray_cluster, budget_s=ELASTIC_BUDGET_S, env=START_TIMEOUT
+        )
     print(f"node loss: {chaos.events}")
     assert error is None, error
     results["node_events"] = chaos.events
@@ -52,8 +58,7 @@ def smoke_run(ray_cluster):
 
 
 @pytest.mark.notebook
-@pytest.mark.timeout(500)
-def test_trains_within_the_time_budget(smoke_run):
+def test_trains_within_the_time_budget(smoke_run):  # ELASTIC_BUDGET_S, which execute() enforces
     results, wall = smoke_run
     assert results["notebook"] == NAME and results["smoke_test"] is True
     losses = results["losses"]
@@ -61,10 +66,6 @@ def test_trains_within_the_time_budget(smoke_run):
     pinned = pinned_losses(NAME)
     assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
-    # With the node lost and back (three attempts, a 12 s wait for workers that could not start) and the
-    # bucket's 20 s stall: measured 185-217 s, 291 s once in a busy fresh-clone `make test` (the lone
-    # worker's steps after its last registered checkpoint run again; how many varies).
-    assert results["wall_seconds"] < 300, f"smoke run took {results['wall_seconds']:.0f} s (budget 300 s)"
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
 
 

@@ -28,8 +28,9 @@ SHORT = {
     "GRADIENT_ACCUMULATION_STEPS": 2,
 }
 # Steps 5-6 run twice after the kill at step 7 (measured: 0.0 difference, as for full fine-tuning).
-# One run: 80 s of the session on the two-node cluster with these settings.
+# One run: 64-80 s of the session on the two-node cluster with these settings; its budget twice that.
 REPLAY_TOLERANCE = 1e-4
+LORA_BUDGET_S = 160
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +40,13 @@ def lora_run(ray_cluster):
         {"SMOKE_TEST": True, "LORA_RANK": RANK, "LORA_MERGED": True, **SHORT},
         f"lora{RANK}",
         cluster=ray_cluster,
-        timeout=400,
+        budget_s=LORA_BUDGET_S,
     )
     assert error is None, error
     return results, wall
 
 
 @pytest.mark.notebook
-@pytest.mark.timeout(500)
 def test_lora_trains_only_the_adapters(lora_run):
     from transformers import AutoConfig
 

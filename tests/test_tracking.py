@@ -100,3 +100,58 @@ def test_the_tracking_settings_reach_the_workers_and_its_secrets_only_through_th
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
     env = helpers.cluster.job_runtime_env(attach=True)
     assert "py_modules" not in env and "MLFLOW_TRACKING_URI" not in env["env_vars"]
+
+
+def test_a_tracking_server_gone_at_the_end_costs_the_summary_not_the_results(
+    embedded, tmp_path, monkeypatch, capsys
+):
+    # The run started while the server answered; at the end nothing listens there. The results file is
+    # written first, whole, and one line says that MLflow did not get the summary, within seconds.
+    import socket
+    import time
+
+    run_id = tracking.start_run(
+        "unit", {"LEARNING_RATE": 0.002, "SMOKE_TEST": True, "STORAGE_PATH": "/tmp/x"}
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", closed)
+    checkpoint = tmp_path / "checkpoint_000002"
+    checkpoint.mkdir()
+    path = tmp_path / "results.json"
+    start = time.perf_counter()
+    written = helpers.write_results(
+        str(path),
+        notebook="unit",
+        smoke_test=True,
+        wall_seconds=1.0,
+        losses=[1.0, 0.5],
+        checkpoint_path=str(checkpoint),
+        mlflow_run_id=run_id,
+    )
+    assert time.perf_counter() - start < 30
+    assert json.loads(path.read_text())["losses"] == [1.0, 0.5] and "mlflow" not in written
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and printed[0].startswith(
+        f"MLflow: the run's summary was not recorded at {closed}"
+    )
+
+
+def test_a_cell_that_fails_after_the_run_started_marks_it_failed(embedded):
+    # In a notebook's kernel: the run stays RUNNING while cells succeed, and a failing cell marks it FAILED.
+    import mlflow
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        run_id = tracking.start_run(
+            "unit", {"LEARNING_RATE": 0.002, "SMOKE_TEST": True, "STORAGE_PATH": "/tmp/x"}
+        )
+        client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri())
+        shell.run_cell("x = 1")
+        assert client.get_run(run_id).info.status == "RUNNING"
+        shell.run_cell("raise RuntimeError('the training failed')")
+        assert client.get_run(run_id).info.status == "FAILED"
+    finally:
+        InteractiveShell.clear_instance()

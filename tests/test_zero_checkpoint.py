@@ -21,6 +21,10 @@ import helpers
 from helpers.failures import RunLog
 from helpers.zero_checkpoint import zero_checkpoint_world_size
 
+# Spawned ranks saving or loading the tiny model's checkpoint: 4-8 s each measured, DeepSpeed's ops built first
+# (the deepspeed_ops fixture); twice that and a margin for the spawned interpreters' imports under load.
+RANKS_BUDGET_S = 60
+
 
 def _ranks(world_size: int, folder, mode: str) -> list[dict]:
     """Run `zero_checkpoint_rank` on `world_size` spawned ranks; what each saw, by rank."""
@@ -36,9 +40,9 @@ def _ranks(world_size: int, folder, mode: str) -> list[dict]:
     for p in procs:
         p.start()
     got: dict = {}
-    deadline = time.monotonic() + 200
+    deadline = time.monotonic() + RANKS_BUDGET_S
     while len(got) < world_size:  # fail as soon as a rank dies, not at the deadline
-        assert time.monotonic() < deadline, "ranks did not answer in 200 s"
+        assert time.monotonic() < deadline, f"{mode} on {world_size} ranks: no answer in {RANKS_BUDGET_S} s"
         assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
         with contextlib.suppress(queue.Empty):
             rank, saw = results.get(timeout=1)
@@ -50,13 +54,13 @@ def _ranks(world_size: int, folder, mode: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved(tmp_path_factory, deepspeed_ops):
     """A ZeRO-3 checkpoint saved by 2 ranks, and the loss of each rank's fixed batch after saving."""
     folder = tmp_path_factory.mktemp("zero3") / "ckpt"
     return folder, _ranks(2, folder, "save")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(2 * RANKS_BUDGET_S)
 def test_each_rank_fetches_only_its_own_shard_and_resumes(saved):
     folder, before = saved
     sizes = {
@@ -78,7 +82,7 @@ def test_each_rank_fetches_only_its_own_shard_and_resumes(saved):
     assert all(saw["bytes_fetched"] < 0.55 * saw["checkpoint_bytes"] for saw in after)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(2 * RANKS_BUDGET_S)
 def test_another_world_size_is_refused_naming_num_workers(saved):
     folder, before = saved
     assert zero_checkpoint_world_size(folder / "checkpoint") == 2
