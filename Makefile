@@ -4,6 +4,15 @@
 SHELL := /bin/bash
 # The project's folder, wherever make runs from (`make -f path/to/Makefile clean` included).
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+
+ifneq ($(CURDIR),$(ROOT))
+# Run from another folder (`make -f <project>/Makefile job`): every target runs in the project's folder, so
+# that no path it uses (.venv, requirements.txt, cluster.env, which is shell code) is ever the caller's.
+_FORWARDED := $(or $(MAKECMDGOALS),_default)
+.PHONY: $(_FORWARDED)
+$(_FORWARDED):
+	@$(MAKE) --no-print-directory -C "$(ROOT)" $(MAKECMDGOALS)
+else
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -155,3 +164,5 @@ lint: install
 clean:
 	@if [ -x "$(ROOT)/$(BIN)/python" ]; then "$(ROOT)/$(BIN)/python" "$(ROOT)/ci/local_cluster.py" idle; fi
 	rm -rf "$(ROOT)/$(VENV)" "$(ROOT)/runs" "$(ROOT)/test-artifacts" "$(ROOT)/.cache" "$(ROOT)/docs/_build"
+
+endif

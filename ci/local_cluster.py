@@ -378,6 +378,7 @@ def up(
     lines = [
         "# Written by `make cluster-up` (ci/local_cluster.py). Source it, then run a notebook on the cluster:",
         '#   papermill notebooks/<nb>.ipynb out.ipynb -p SMOKE_TEST True -p STORAGE_PATH "$STORAGE_PATH"',
+        "# MLflow's UI: open $MLFLOW_TRACKING_URI in a browser; any user name, password $MLFLOW_TRACKING_TOKEN.",
     ]
     lines += [f"export {k}={v}" for k, v in driver.items()]
     _write_private(env_file, "\n".join(lines) + "\n")
@@ -578,6 +579,10 @@ def main() -> int:
         )
         print(f"bucket {driver['STORAGE_PATH']} on {driver['AWS_ENDPOINT_URL']}; variables in cluster.env:")
         print("  source cluster.env   # then run a notebook; `make cluster-down` stops everything")
+        print(
+            f"MLflow: {driver['MLFLOW_TRACKING_URI']} (in a browser: any user name, the password is "
+            "MLFLOW_TRACKING_TOKEN in cluster.env)"
+        )
         return 0
     if args.command == "idle":
         return idle()

@@ -12,6 +12,7 @@ from .cluster import (
     LOG_NOISE,
     ResourceRequestError,
     check_resources,
+    check_storage_from_nodes,
     gpus_for_one_task,
     prefetch_model_on_nodes,
     start_ray,
@@ -35,7 +36,7 @@ from .plots import plot_losses
 from .results import REQUIRED_KEYS, Stopwatch, write_results
 from .sharding import zero_partition_fraction, zero_state_bytes
 from .smoke import check_parameter_names, parameter_values, smoke_overrides
-from .storage import check_storage_from_nodes, check_storage_path
+from .storage import check_storage_path
 from .tiny_models import TINY_ARCHS, tiny_model
 from .validate import (
     ParameterError,

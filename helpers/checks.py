@@ -381,8 +381,7 @@ def check_parameters(notebook: str, namespace: dict):
 def check_cluster(notebook: str, namespace: dict) -> None:
     """After `helpers.start_ray`: can this Ray cluster ever run the workers, and can every node write the
     checkpoints? For Llama, each node also fetches the weights now (`prefetch_model_on_nodes`)."""
-    from .cluster import check_resources, prefetch_model_on_nodes
-    from .storage import check_storage_from_nodes
+    from .cluster import check_resources, check_storage_from_nodes, prefetch_model_on_nodes
     from .tracking import check_tracking_from_nodes, tracking_uri
 
     _notebook(notebook)

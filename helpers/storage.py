@@ -28,7 +28,6 @@ from .validate import ParameterError
 __all__ = [
     "redact",
     "check_storage_path",
-    "check_storage_from_nodes",
     "uri",
     "is_uri",
     "dcp_writer",
@@ -144,44 +143,6 @@ def check_storage_path(name: str, value: str) -> str:
     except OSError as exc:
         raise ParameterError(f"{name}={value!r}: cannot write to it{where}: {exc}.") from None
     return value
-
-
-def check_storage_from_nodes(name: str, value: str) -> int:
-    """Write and delete a test object in `value` from every node of the Ray cluster; return how many nodes.
-
-    Checkpoints are written by the workers, not by the notebook, and Ray does not send the driver's
-    environment to them: a node without the bucket's credentials (instance credentials on a real
-    cluster, the AWS_* variables here) fails only when its first checkpoint is uploaded, minutes or
-    hours in. This finds it before `fit()`. A local folder is not checked (it is the same disk only on
-    one machine, or on NFS).
-    """
-    if not is_uri(value) or value.startswith("file://"):
-        return 0
-    import ray
-
-    from .cluster import on_every_node
-
-    @ray.remote(num_cpus=0)
-    def probe(uri: str) -> str | None:
-        import pyarrow.fs as pafs
-
-        try:
-            fs, path = pafs.FileSystem.from_uri(uri)
-            _write_probe(fs, path)
-        except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
-            return f"{type(exc).__name__}: {exc}"
-        return None
-
-    answers = on_every_node(probe, value)
-    failed = {node: error for node, error in answers.items() if error}
-    if failed:
-        lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())
-        raise ParameterError(
-            f"{name}={value!r}: {len(failed)} of {len(answers)} Ray nodes cannot write there ({lines}). "
-            "Workers write the checkpoints, so every node needs the bucket's credentials: instance "
-            "credentials, or the AWS_* variables in each node's environment when it was started."
-        )
-    return len(answers)
 
 
 def uri(filesystem, path: str) -> str:

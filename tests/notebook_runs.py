@@ -387,11 +387,13 @@ def job_logs(job_id: str, cluster: Mapping[str, str]) -> str:
 
 
 # Each notebook's smoke run, as a learner runs it (nbval or JupyterLab, on the test cluster): its budget,
-# at least twice the longest time measured on a fresh clone's `make test` (docs/testing.md, "Time budgets").
+# at least twice the longest time measured in a fresh clone's `make test` (docs/testing.md, "Time budgets"):
+# GPT-2 66-68 s (alone; beside Llama's LoRA run, which the session starts with it, more), Dolly 78-93 s,
+# GLUE through JupyterLab 69 s, Llama through JupyterLab 142 s (JUPYTERLAB_NOTEBOOKS=all only).
 SMOKE_BUDGET_S = {
-    "gpt2_deepspeed": 150,
-    "dolly_lightning_fsdp": 150,
-    "glue_text_classification": 150,
+    "gpt2_deepspeed": 200,
+    "dolly_lightning_fsdp": 200,
+    "glue_text_classification": 160,
     "llama_fsdp": 330,
 }
 
@@ -405,7 +407,9 @@ def run_nbval(
     log = ARTIFACTS / "notebooks" / f"{name}-nbval.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pytest", "--nbval-lax", "-v", "-p", "no:cacheprovider"]
-    command += [f"--nbval-cell-timeout={budget_s:.0f}", "--rootdir", str(NOTEBOOKS)]
+    # Each cell within the run's budget (nbval's own timeout), not the suite's default budget for a test's
+    # body, which this pytest would read from the project's pyproject.toml too.
+    command += [f"--nbval-cell-timeout={budget_s:.0f}", "-o", "timeout=0", "--rootdir", str(NOTEBOOKS)]
     try:
         proc = subprocess.run(
             [*command, str(NOTEBOOKS / f"{name}.ipynb")],

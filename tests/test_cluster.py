@@ -416,3 +416,56 @@ def test_the_tracking_server_serves_only_the_clusters_credential_and_no_assistan
         r for r in json.loads((CLUSTER_DIR / "state.json").read_text())["processes"] if r["name"] == "mlflow"
     )
     assert psutil.Process(record["pid"]).environ()["HOME"] == str((CLUSTER_DIR / "mlflow-home").resolve())
+
+
+def test_a_person_opens_the_tracking_ui_with_the_token_from_cluster_env(ray_cluster, tmp_path):
+    # In Chromium, with any user name and the token as the password (what a person types into the browser's
+    # prompt; the prompt itself is test_the_tracking_server_...'s 401 with `WWW-Authenticate: Basic`), MLflow's
+    # UI loads and lists an experiment from its API.
+    from browser import CHROMIUM_FLAGS, chromium_or_skip
+    from playwright.sync_api import sync_playwright
+
+    chromium = chromium_or_skip()
+    uri = ray_cluster["MLFLOW_TRACKING_URI"]
+    token = ray_cluster["MLFLOW_TRACKING_TOKEN"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_context(http_credentials={"username": "me", "password": token}).new_page()
+            answers = []
+            page.on(
+                "response", lambda r: answers.append((r.status, r.url)) if "/ajax-api/" in r.url else None
+            )
+            assert page.goto(f"{uri}/#/experiments").status == 200
+            page.get_by_text("Default", exact=True).first.wait_for(
+                timeout=30_000
+            )  # MLflow's first experiment
+            page.screenshot(path=str(tmp_path / "mlflow-ui.png"))
+        finally:
+            browser.close()
+    # Every call of the page carried the credential (no 401); the experiments came from the API; the page's
+    # calls to the assistant were refused, and it went on without it.
+    assert answers and not [a for a in answers if a[0] == 401], answers
+    assert any(status == 200 and "experiments/search" in url for status, url in answers), answers
+    assert {status for status, url in answers if "/assistant/" in url} <= {403}, answers
+
+
+def test_no_metrics_exporter_listens(ray_cluster):
+    # Ray's metrics exporters are plain HTTP without a credential; the local cluster turns them off: none of
+    # the nodes' --metrics-export-port ports is open.
+    import socket
+
+    import psutil
+
+    ports = []
+    for proc in _cluster_processes():
+        try:
+            ports += [
+                int(a.split("=", 1)[1]) for a in proc.cmdline() if a.startswith("--metrics-export-port=")
+            ]
+        except psutil.Error:  # gone meanwhile
+            pass
+    assert len(ports) >= 2, ports  # one per node
+    for port in ports:
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"metrics exporter on port {port}"

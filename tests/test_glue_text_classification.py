@@ -91,8 +91,8 @@ TASKS = {
 AS_JOB = "stsb"  # submitted as a Ray Job (`make job`), as a batch job on a cluster is; mnli-mm with papermill
 
 
-# Each task's run (on a fresh clone, side by side: `stsb` as a job 55-69 s, `mnli-mm` 40-52 s), twice over.
-TASK_BUDGET_S = 150
+# Each task's run (in a fresh clone's `make test`, side by side: both done in 72-74 s), twice over and more.
+TASK_BUDGET_S = 180
 
 
 @pytest.fixture(scope="module")

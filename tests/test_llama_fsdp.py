@@ -39,15 +39,16 @@ ELASTIC = {"SMOKE_TEST": True, "MIN_WORKERS": 1, "SAVE_STEPS": 6, "KILL_WORKER_A
 # 10 s without an answer (tests/notebook_runs.py, start_cluster): the next try sees one node.
 START_TIMEOUT = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "12"}
 # With the node lost and back (three attempts, a 12 s wait for workers that could not start) and the bucket's
-# 20 s stall: measured 185-217 s on fresh clones, 291 s once in a busy one (the lone worker's steps after its
+# stall (20 s then): measured 185-217 s on fresh clones, 291 s once in a busy one (the lone worker's steps after its
 # last registered checkpoint run again; how many varies). Its budget, twice the longest of those runs:
 ELASTIC_BUDGET_S = 600
 
 
 @pytest.fixture(scope="module")
-def smoke_run(ray_cluster):
-    # ... and, once back on two workers, the bucket stalls for 20 s in the middle of the last checkpoint's write.
-    with NodeLoss(ray_cluster, run_prefix="llama-2-fsdp_", stall_at_checkpoint=24, stall_s=20) as chaos:
+def smoke_run(ray_cluster, background):
+    background.wait()  # a worker on each 2-CPU node: the whole cluster
+    # ... and, once back on two workers, the bucket stalls for 10 s in the middle of the last checkpoint's write.
+    with NodeLoss(ray_cluster, run_prefix="llama-2-fsdp_", stall_at_checkpoint=24, stall_s=10) as chaos:
         results, wall, error = execute(
             NAME, ELASTIC, "elastic", cluster=ray_cluster, budget_s=ELASTIC_BUDGET_S, env=START_TIMEOUT
         )

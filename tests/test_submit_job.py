@@ -1,0 +1,69 @@
+"""`make job` (ci/submit_job.py) before it submits: what it ships and what it refuses, without a cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from notebook_runs import ROOT
+
+
+def test_credentials_in_a_jobs_values_are_refused_before_anything_records_them():
+    # The job server's address is a closed port: a submission that got that far would fail differently.
+    secret = "s3cr3tvalue"
+    cases = [
+        ({"STORAGE_PATH": f"s3://key:{secret}@bucket/runs"}, []),
+        ({"MLFLOW_TRACKING_URI": f"https://user:{secret}@mlflow.example"}, []),
+        ({}, ["-p", "STORAGE_PATH", f"s3://key:{secret}@bucket/runs"]),
+    ]
+    for env, args in cases:
+        full = {
+            **os.environ,
+            "STORAGE_PATH": "s3://bucket/runs",
+            "MLFLOW_TRACKING_URI": "http://127.0.0.1:9",
+            "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
+            **env,
+        }
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "ci" / "submit_job.py"), "glue_text_classification", *args],
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode != 0 and "Not submitted: credentials written into" in proc.stderr, proc.stderr[
+            -2000:
+        ]
+        assert secret not in proc.stdout + proc.stderr and "***@" in proc.stderr
+
+
+def test_a_job_ships_the_notebooks_and_helpers_only(tmp_path, monkeypatch):
+    # A checkout with an executed notebook at its root and in notebooks/, both untracked.
+    sys.path.insert(0, str(ROOT / "ci"))
+    import submit_job
+
+    for path in ("helpers/__init__.py", "notebooks/a.ipynb", "tests/t.py", "README.md"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
+    (tmp_path / "out.ipynb").write_text("executed")
+    (tmp_path / "notebooks" / "out.ipynb").write_text("executed")
+    monkeypatch.setattr(submit_job, "ROOT", tmp_path)
+    excludes = submit_job._excludes()
+    assert sorted(excludes) == sorted(["/.git", "/README.md", "/out.ipynb", "/tests", "/notebooks/out.ipynb"])
+
+
+def test_make_job_reads_the_projects_cluster_env_from_any_folder(tmp_path):
+    # `make -f <project>/Makefile job` from another folder: the project's cluster.env and Python, not ./
+    proc = subprocess.run(
+        ["make", "-s", "-n", "-f", str(ROOT / "Makefile"), "job", "NOTEBOOK=glue_text_classification"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert f'. "{ROOT}/cluster.env"' in proc.stdout and f'"{ROOT}/.venv/bin/python"' in proc.stdout, (
+        proc.stdout
+    )
