@@ -1,5 +1,5 @@
-"""A DeepSpeed ZeRO checkpoint on resume: each rank fetches only its own shard, and a checkpoint saved
-by another number of workers is refused, naming NUM_WORKERS, before DeepSpeed fails inside the workers.
+"""A DeepSpeed ZeRO checkpoint saved by another number of workers is refused, naming NUM_WORKERS, before
+DeepSpeed fails inside the workers; the universal checkpoint the message offers loads on one rank.
 
 Real ZeRO-3 checkpoints of the tiny GPT-2, written and read by 2 (or 1) gloo ranks in spawned
 processes, without Ray (the GPT-2 notebook's test checks the same on the cluster, with the bucket)."""
@@ -60,26 +60,9 @@ def saved(tmp_path_factory, deepspeed_ops):
     return folder, _ranks(2, folder, "save")
 
 
-@pytest.mark.timeout(2 * RANKS_BUDGET_S)
-def test_each_rank_fetches_only_its_own_shard_and_resumes(saved):
-    folder, before = saved
-    sizes = {
-        os.path.relpath(os.path.join(d, f), folder): os.path.getsize(os.path.join(d, f))
-        for d, _, files in os.walk(folder)
-        for f in files
-    }
-    after = _ranks(2, folder, "load")
-    for rank, saw in enumerate(after):
-        other = f"zero_pp_rank_{1 - rank}_"
-        assert saw["world_size"] == 2 and "refused" not in saw
-        assert saw["files"] == sorted(p for p in sizes if other not in p)  # no file of the other rank
-        assert any(f"zero_pp_rank_{rank}_" in p and p.endswith("optim_states.pt") for p in saw["files"])
-        assert saw["checkpoint_bytes"] == sum(sizes.values())
-        assert saw["bytes_fetched"] == sum(size for p, size in sizes.items() if other not in p)
-        # DeepSpeed loaded from those files alone: the same weights as the saving rank's.
-        assert saw["loss"] == pytest.approx(before[rank]["loss"], abs=1e-6)
-    # Half the checkpoint each, and the small files every rank reads (measured: 0.51 of 1.78 MB).
-    assert all(saw["bytes_fetched"] < 0.55 * saw["checkpoint_bytes"] for saw in after)
+# That each rank fetches only its own shard to resume, and resumes where it was, is the GPT-2 notebook's test
+# on the cluster, from the bucket (test_gpt2_deepspeed.py: test_each_worker_fetched_only_its_own_shard_to_resume
+# and the replayed steps' losses).
 
 
 @pytest.mark.timeout(2 * RANKS_BUDGET_S)
