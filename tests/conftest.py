@@ -190,37 +190,8 @@ def ray_cluster():
     assert not leaks, "secrets written to files:\n" + "\n".join(leaks)
 
 
-class Background:
-    """Notebook runs started ahead of the test that checks them, beside another module's run, so that the
-    idle part of each (kernels and worker groups starting, checkpoints uploading) overlaps the other's work.
-    The test cluster has room for two runs of two 1-CPU workers each. Each run keeps its own budget."""
-
-    def __init__(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.pool, self.futures = ThreadPoolExecutor(max_workers=2), {}
-
-    def start(self, key: str, fn: Callable, *args, **kwargs):
-        """Start `fn(*args, **kwargs)` once per session; the future of its result."""
-        if key not in self.futures:
-            self.futures[key] = self.pool.submit(fn, *args, **kwargs)
-        return self.futures[key]
-
-    def wait(self) -> None:
-        """Before a run that needs the whole cluster: every run started here has ended."""
-        for future in list(self.futures.values()):
-            future.exception()  # waits; the run's own test reports its error
-
-
 @pytest.fixture(scope="session")
-def background():
-    runs = Background()
-    yield runs
-    runs.pool.shutdown(wait=True, cancel_futures=True)
-
-
-@pytest.fixture(scope="session")
-def jupyterlab(ray_cluster, tmp_path_factory, background) -> Callable[[str], LabRun]:
+def jupyterlab(ray_cluster, tmp_path_factory) -> Callable[[str], LabRun]:
     """`jupyterlab(name)`: notebooks/<name>.ipynb run in smoke mode through JupyterLab in Chromium on the test
     cluster (notebook_runs.jupyterlab_run), once a session per notebook: test_jupyterlab.py checks the page,
     the notebook's own tests take its results JSON. Skipped without a Chromium (failed in CI)."""
@@ -228,7 +199,6 @@ def jupyterlab(ray_cluster, tmp_path_factory, background) -> Callable[[str], Lab
 
     def run(name: str) -> LabRun:
         if name not in runs:
-            background.wait()  # Ray Data and two workers need the cluster's CPUs
             runs[name] = jupyterlab_run(name, ray_cluster, tmp_path_factory.mktemp(f"jupyterlab-{name}"))
             print(runs[name].summary())
         return runs[name]

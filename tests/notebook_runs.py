@@ -388,8 +388,8 @@ def job_logs(job_id: str, cluster: Mapping[str, str]) -> str:
 
 # Each notebook's smoke run, as a learner runs it (nbval or JupyterLab, on the test cluster): its budget,
 # at least twice the longest time measured in a fresh clone's `make test` (docs/testing.md, "Time budgets"):
-# GPT-2 66-68 s (alone; beside Llama's LoRA run, which the session starts with it, more), Dolly 78-93 s,
-# GLUE through JupyterLab 69 s, Llama through JupyterLab 142 s (JUPYTERLAB_NOTEBOOKS=all only).
+# GPT-2 66-68 s, Dolly 78-93 s, GLUE through JupyterLab 57-78 s, Llama through JupyterLab 142 s
+# (JUPYTERLAB_NOTEBOOKS=all only).
 SMOKE_BUDGET_S = {
     "gpt2_deepspeed": 200,
     "dolly_lightning_fsdp": 200,

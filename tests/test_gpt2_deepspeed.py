@@ -29,13 +29,7 @@ PLAN_TOLERANCE = 0.02  # the "will it fit?" plan's per-rank bytes against the me
 
 
 @pytest.fixture(scope="module")
-def stage3_run(tmp_path_factory, ray_cluster, deepspeed_ops, background, request):
-    # Llama's LoRA run (test_llama_lora.py), when the session has it, runs beside this one: the cluster has
-    # room for both (2 workers of 1 CPU each), and each one's waits overlap the other's work.
-    if any(item.path.name == "test_llama_lora.py" for item in request.session.items):
-        from test_llama_lora import start_lora_run
-
-        start_lora_run(background, ray_cluster)
+def stage3_run(tmp_path_factory, ray_cluster, deepspeed_ops):
     return smoke_nbval(NAME, tmp_path_factory.mktemp("nbval"), ray_cluster)
 
 
