@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from notebook_runs import ARTIFACTS, CANARY_STORAGE_SECRET, execute
@@ -204,14 +205,70 @@ ENV_CASES = {
 }
 
 
+# The cases that run in a real kernel, through papermill: one refusal per notebook, which proves that its Set
+# up cell stops the run; the names papermill injects (only a kernel's history has them); the refusals that
+# come after the Set up cell (the Hub, offline) or from the Ray cluster; and the cases whose executed notebook a
+# test reads. Every other case runs the notebook's parameters and Set up cells in one shared interpreter
+# (tests/set_up_cells.py): a kernel each cost about 60 s of the suite's wall time.
+IN_A_KERNEL = {
+    ("gpt2_deepspeed", "zero_stage_4"),
+    ("gpt2_deepspeed", "old_name_batch_size"),
+    ("gpt2_deepspeed", "unknown_dataset_offline"),
+    ("gpt2_deepspeed", "gpus_that_do_not_exist"),
+    ("glue_text_classification", "unknown_task"),
+    ("glue_text_classification", "missing_checkpoint_offline"),
+    ("glue_text_classification", "hub_data_offline"),
+    ("dolly_lightning_fsdp", "unknown_precision"),
+    ("dolly_lightning_fsdp", "full_scale_plans_then_needs_the_hub"),
+    ("llama_fsdp", "misspelt_name"),
+    ("llama_fsdp", "full_scale_plans_then_needs_the_hub"),
+}
+
+
+@dataclass
+class SetUpError:
+    """A refusal seen by tests/set_up_cells.py, shaped as papermill's error: its exception's name and text."""
+
+    ename: str
+    evalue: str
+
+
+def _set_up_cells(cases: list, cluster) -> dict:
+    """Run `cases` [(notebook, case, parameters)] through tests/set_up_cells.py in one interpreter, with a
+    kernel's environment and working folder; {(notebook, case): execute()'s (None, wall, error)}."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from notebook_runs import NOTEBOOKS, notebook_env
+
+    with tempfile.TemporaryDirectory(prefix="set-up-cells-") as tmp:
+        given, got = f"{tmp}/cases.json", f"{tmp}/results.json"
+        Path(given).write_text(json.dumps([{"notebook": n, "case": c, "parameters": p} for n, c, p in cases]))
+        subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("set_up_cells.py")), given, got],
+            cwd=NOTEBOOKS,
+            env=notebook_env(cluster),
+            check=True,
+            timeout=RUN_BUDGET_S,
+        )
+        results = json.loads(Path(got).read_text())
+    return {
+        (n, c): (None, r["wall"], SetUpError(r["ename"], r["evalue"]) if r["ename"] else None)
+        for (n, c), r in ((tuple(key.split("/")), r) for key, r in results.items())
+    }
+
+
 @pytest.fixture(scope="module")
 def rejections(ray_cluster):
-    """Start every case, three at a time, and hand the tests {(notebook, case): future}; each test waits
-    for its own run only, under its own budget, while the next ones run.
+    """Start every case and hand the tests {(notebook, case): future}; each test waits for its own run only,
+    under its own budget, while the next ones run.
 
-    Each run is mostly a kernel starting and importing (1-10 s), partly waiting; three kernels keep both
-    cores busy (two: 87 s for 31 runs). Each kernel gets the cluster's variables (and its case's) as its own
-    environment: the runs never change this process's.
+    The cases in IN_A_KERNEL and ENV_CASES run three kernels at a time (each mostly a kernel starting and
+    importing, 2-20 s; three keep both cores busy). Each kernel gets the cluster's variables (and its case's)
+    as its own environment: the runs never change this process's. The other cases run first, in one
+    interpreter.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -225,40 +282,48 @@ def rejections(ray_cluster):
         )
         for case, (params, _, _) in table.items()
     ]
+    in_process = [(n, c, p) for n, c, p, _ in runs if (n, c) not in IN_A_KERNEL]
+    runs = [r for r in runs if (r[0], r[1]) in IN_A_KERNEL]
     runs += [(notebook, case, params, env()) for case, (notebook, params, env) in ENV_CASES.items()]
     pool = ThreadPoolExecutor(max_workers=3)
+    batch = pool.submit(_set_up_cells, in_process, ray_cluster)
     futures = {
         (notebook, case): pool.submit(
             execute, notebook, params, f"bad-{case}", cluster=ray_cluster, budget_s=RUN_BUDGET_S, env=env
         )
         for notebook, case, params, env in runs
     }
-    yield Rejections(futures, {case: env for _, case, _, env in runs if env})
+    yield Rejections(futures, batch, {case: env for _, case, _, env in runs if env})
     pool.shutdown(wait=True, cancel_futures=True)  # what a failed test left running ends within its budget
     # Each run's own time, for the budgets above (docs/testing.md, "Time budgets").
     walls = sorted(
-        (future.result()[1], notebook, case)
+        (future.result()[1], notebook, f"{case} (kernel)")
         for (notebook, case), future in futures.items()
         if future.done() and not future.cancelled() and future.exception() is None
     )
-    lines = [f"{wall:.1f}\t{notebook}\t{case}" for wall, notebook, case in reversed(walls)]
+    if batch.done() and batch.exception() is None:
+        walls += [(wall, notebook, case) for (notebook, case), (_, wall, _) in batch.result().items()]
+    lines = [f"{wall:.1f}\t{notebook}\t{case}" for wall, notebook, case in sorted(walls, reverse=True)]
     (ARTIFACTS / "bad-input-walls.tsv").write_text("\n".join(lines) + "\n")
 
 
 @dataclass
 class Rejections:
     futures: dict  # (notebook, case): the future of execute()'s (results, wall, error)
+    batch: object  # the future of _set_up_cells()'s {(notebook, case): (None, wall, error)}
     env: dict  # case: the variables its kernel got (ENV_CASES)
 
     def result(self, notebook: str, case: str) -> tuple:
         """The case's run, waited for under the calling test's own budget (RUN_BUDGET_S and a margin): the
         runs start in the tests' order, three at a time, so a test waits for no run but its own."""
-        return self.futures[(notebook, case)].result()
+        if (notebook, case) in self.futures:
+            return self.futures[(notebook, case)].result()
+        return self.batch.result()[(notebook, case)]
 
 
 def _check_rejected(rejections, notebook, case, params, ename, words):
     results, wall, error = rejections.result(notebook, case)
-    assert error is not None and results is None
+    assert error is not None and results is None, f"{notebook}: {case} was not refused in the Set up cell"
     assert getattr(error, "ename", None) == ename, error
     for word in words:
         assert word in error.evalue, (word, error.evalue)
@@ -326,12 +391,6 @@ LLAMA_CASES = {
         {"SMOKE_TEST": True, "WARMUP_RATIO": 1.0},
         "ParameterError",
         ["WARMUP_RATIO=1.0", "[0, 1)"],
-    ),
-    "gpus_that_do_not_exist": (
-        # The request for 16 GPUs fails before any training starts (after the plan for CLUSTER printed).
-        {"MODEL_NAME": _tiny_llama, "MAX_SEQ_LEN": 128, "DATASET_NAME": helpers.chat_fixture},
-        "ResourceRequestError",
-        ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "SMOKE_TEST"],
     ),
     # Llama 2 70B planned offline: on one node of 8 A100-80GB the shards alone are 138 GB per GPU.
     "plan_refuses_70b_on_one_node": (
