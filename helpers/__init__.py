@@ -32,6 +32,7 @@ from .flops import dense_peak_flops, model_flops_utilization
 from .glue import GLUE_TASKS, GlueTask
 from .memory import PeakRSS
 from .metrics import GLUE_METRICS, GlueMetric
+from .observe import Observer, Watch, lightning_observer, trainer_observer, watch
 from .plots import plot_losses
 from .results import REQUIRED_KEYS, Stopwatch, write_results
 from .sharding import zero_partition_fraction, zero_state_bytes
@@ -58,6 +59,11 @@ __all__ = [
     "GLUE_TASKS",
     "GlueTask",
     "GlueMetric",
+    "Observer",
+    "Watch",
+    "watch",
+    "lightning_observer",
+    "trainer_observer",
     "PeakRSS",
     "INSTANCE_PRICES",
     "LOG_NOISE",

@@ -38,7 +38,13 @@ class RunLog:
     last; `unit` names what a line counts ("step", or "epoch").
     """
 
-    def __init__(self, total_steps: int | None = None, print_every: int = 1, kill_at_step: int = 0) -> None:
+    def __init__(
+        self,
+        total_steps: int | None = None,
+        print_every: int = 1,
+        kill_at_step: int = 0,
+        mlflow_run_id: str | None = None,
+    ) -> None:
         # each: {"resumed_from_step", "world_size", the facts it started with, "losses": {step: loss}}
         self.attempts: list[dict] = []
         self.killed_at: int | None = None
@@ -49,6 +55,15 @@ class RunLog:
         self._notes: dict = {}
         self._fetched: dict[int, int] = {}  # rank -> bytes of the checkpoint it fetched to resume
         self._checkpoint_bytes: int | None = None
+        self._ranks: dict[int, dict] = {}  # rank -> what it measured at its attempt's first step
+        # MLflow, from a thread of this actor: a slow or stopped server never holds a worker.
+        self._tracker = None
+        self._tracked_until = 0  # the last step whose metrics went to MLflow: a replay is not logged again
+        self._tracked_evaluations = 0  # the same, for `track`
+        if mlflow_run_id:
+            from .tracking import BackgroundLogger
+
+            self._tracker = BackgroundLogger(mlflow_run_id, self.lines.append)
 
     # ---- what the workers tell it
     def note(self, key: str, value) -> None:
@@ -62,6 +77,11 @@ class RunLog:
         """A line for the training cell (an event a person should see, e.g. an evaluation); after a restart
         it names the attempt, so that an event the new worker group repeats reads as a repeat."""
         self.lines.append(f"{line}  (attempt {len(self.attempts)})" if len(self.attempts) > 1 else str(line))
+
+    def rank_facts(self, rank: int, facts: dict) -> None:
+        """What worker `rank` measured (e.g. its node, its share of the model state); a later attempt's
+        facts replace an earlier one's."""
+        self._ranks[int(rank)] = dict(facts)
 
     def checkpoint_fetched(self, rank: int, bytes_fetched: int, checkpoint_bytes: int) -> None:
         """Worker `rank` fetched `bytes_fetched` of a checkpoint of `checkpoint_bytes` to resume (the
@@ -80,6 +100,12 @@ class RunLog:
         if "resume_bytes_per_rank" in facts and "checkpoint_bytes" in facts:
             self._fetched = dict(enumerate(facts["resume_bytes_per_rank"]))
             self._checkpoint_bytes = int(facts["checkpoint_bytes"])
+        if self._tracker is not None:
+            marks = {"world_size": world_size} if world_size is not None else {}
+            if resumed_from_step or previous is not None:
+                marks["resumed_from_step"] = int(resumed_from_step)
+            if marks:
+                self._tracker.mark(int(resumed_from_step), marks)
         if previous is not None:
             where = (
                 f"from the checkpoint at step {resumed_from_step}"
@@ -99,11 +125,21 @@ class RunLog:
     def log(self, step: int, loss: float, **extra) -> None:
         """Rank 0: step `step` (counted from 1) ended with `loss`; `extra` (e.g. lr=...) shows on its line."""
         self.attempts[-1]["losses"][int(step)] = float(loss)
+        if self._tracker is not None and step > self._tracked_until:
+            numbers = {k: float(v) for k, v in extra.items() if isinstance(v, int | float)}
+            self._tracker.log(int(step), {"loss": float(loss), **numbers})
+            self._tracked_until = int(step)
         first_of_attempt = len(self.attempts[-1]["losses"]) == 1 and len(self.attempts) > 1
         if step % self.print_every == 0 or step == self.total_steps or first_of_attempt:
             total = f"/{self.total_steps}" if self.total_steps else ""
             more = "".join(f"  {k} {_fmt(v)}" for k, v in extra.items())
             self.say(f"step {step}{total}  loss {loss:.4f}{more}")  # names the attempt after a restart
+
+    def track(self, step: int, metrics: dict) -> None:
+        """Numbers other than a step's loss (e.g. an evaluation's) to MLflow, at `step`, once per step."""
+        if self._tracker is not None and step > self._tracked_evaluations:
+            self._tracker.log(int(step), {k: float(v) for k, v in metrics.items()})
+            self._tracked_evaluations = int(step)
 
     def claim_kill(self, step: int) -> bool:
         """True for the first caller only: the kill happens once per run, not again after the restart."""
@@ -114,6 +150,15 @@ class RunLog:
         return True
 
     # ---- what the notebook reads
+    def flush_tracking(self, timeout: float = 10.0) -> int:
+        """Wait at most `timeout` s for the metrics still on their way to MLflow; return how many are left
+        (a warning line says so)."""
+        return self._tracker.flush(timeout) if self._tracker is not None else 0
+
+    def ranks(self) -> list[dict]:
+        """Each rank's facts (`rank_facts`), by rank."""
+        return [self._ranks[r] for r in sorted(self._ranks)]
+
     def lines_since(self, index: int) -> list[str]:
         return self.lines[index:]
 
@@ -156,7 +201,12 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def run_log(total_steps: int | None = None, print_every: int = 1, kill_at_step: int = 0):
+def run_log(
+    total_steps: int | None = None,
+    print_every: int = 1,
+    kill_at_step: int = 0,
+    mlflow_run_id: str | None = None,
+):
     """Create the notebook's `RunLog` actor (no CPU reserved: it only stores a few numbers).
 
     It is placed on the head node, where the notebook's driver runs: an actor on a worker node would die
@@ -166,7 +216,7 @@ def run_log(total_steps: int | None = None, print_every: int = 1, kill_at_step: 
 
     actor = ray.remote(num_cpus=0)(RunLog)
     head = {"node:__internal_head__": 0.001} if "node:__internal_head__" in ray.cluster_resources() else {}
-    return actor.options(resources=head).remote(total_steps, print_every, kill_at_step)
+    return actor.options(resources=head).remote(total_steps, print_every, kill_at_step, mlflow_run_id)
 
 
 def kill_if_due(run_log, rank: int, step: int, kill_at_step: int) -> None:
@@ -181,7 +231,8 @@ def kill_if_due(run_log, rank: int, step: int, kill_at_step: int) -> None:
 
     import ray
 
-    if rank == 1 and kill_at_step and step == kill_at_step and ray.get(run_log.claim_kill.remote(step)):
+    due = rank == 1 and kill_at_step and step == kill_at_step
+    if due and ray.get(run_log.claim_kill.remote(step), timeout=30):
         time.sleep(report_collection_seconds())
         os.kill(os.getpid(), signal.SIGKILL)
 

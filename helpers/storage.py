@@ -407,7 +407,9 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
     chosen = [path for path in sizes if files is None or files(path)]
 
     def fetched(folder: str) -> FetchedFolder:
-        return FetchedFolder(folder, sum(sizes[p] for p in chosen), sum(sizes.values()))
+        got = FetchedFolder(folder, sum(sizes[p] for p in chosen), sum(sizes.values()))
+        _LAST_FETCH[:] = [got.bytes_fetched, got.checkpoint_bytes]  # for this worker's observer
+        return got
 
     if isinstance(fs, pafs.LocalFileSystem):
         yield fetched(checkpoint.path)
@@ -425,6 +427,16 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
                 destination_filesystem=pafs.LocalFileSystem(),
             )
         yield fetched(folder)
+
+
+_LAST_FETCH: list[int] = []  # (bytes fetched, checkpoint bytes) of this process's last checkpoint_folder
+
+
+def take_last_fetch() -> tuple[int, int] | None:
+    """What this process's last `checkpoint_folder` fetched, once: (bytes fetched, the checkpoint's bytes)."""
+    got = tuple(_LAST_FETCH) or None
+    _LAST_FETCH.clear()
+    return got
 
 
 def trainer_rank_files(rank: int) -> Callable[[str], bool]:

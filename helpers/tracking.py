@@ -1,7 +1,7 @@
 """Runs you can find again: every notebook's run in MLflow, one MLflow run per training run.
 
-Used by each notebook's training cell (`start_run`), its training function (rank 0: `StepLogger` in the
-plain loops, `trainer_callback` for the Hugging Face `Trainer`, `lightning_logger` for Lightning), its
+Used by each notebook's watch (`helpers.watch`: `start_run`, and `BackgroundLogger` in the run's `RunLog`
+actor, which logs what the observers send it; Llama's training function: `StepLogger`), its
 section "Going further: tracking" (`ui_command`, `metric_steps`), and its last cell, where
 `helpers.write_results` ends the run with the run's summary (`finish_run`). The set-up checks
 (`check_tracking`, `check_tracking_from_nodes`) fail in the first cells.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -47,10 +48,10 @@ __all__ = [
     "check_tracking_from_nodes",
     "start_run",
     "StepLogger",
-    "trainer_callback",
-    "lightning_logger",
+    "BackgroundLogger",
     "finish_run",
     "metric_steps",
+    "show_run",
     "ui_command",
 ]
 
@@ -145,16 +146,11 @@ def check_tracking() -> str:
         )
     scheme = urlparse(uri).scheme
     if scheme in ("http", "https"):
-        try:  # any HTTP answer (even 401) means a server is there; MLflow's own retries take minutes
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
-        except urllib.error.HTTPError:
-            pass
-        except (OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
+        if reason := _no_answer(uri, timeout=5):
             raise ParameterError(
                 f"{URI}={shown!r}: no tracking server answers there ({reason}). Start it, correct the "
                 f"address, or unset {URI} to keep runs in this machine's store ({default_uri()})."
-            ) from None
+            )
     elif scheme in _LOCAL_SCHEMES:
         path = Path(urlparse(uri).path if scheme else uri)
         folder = path.parent if scheme == "sqlite" else path
@@ -162,6 +158,20 @@ def check_tracking() -> str:
         if not os.access(folder, os.W_OK):
             raise ParameterError(f"{URI}={shown!r}: cannot write to {folder}.")
     return shown
+
+
+def _no_answer(uri: str, timeout: float) -> str | None:
+    """Why no tracking server answers at `uri` within `timeout` s (None: one answers, or the store is a
+    local file). Any HTTP answer, even 401, means a server is there; MLflow's own retries take minutes."""
+    if urlparse(uri).scheme not in ("http", "https"):
+        return None
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as exc:
+        return str(getattr(exc, "reason", exc))
+    return None
 
 
 def check_tracking_from_nodes() -> None:
@@ -282,10 +292,12 @@ class StepLogger:
     """Rank 0 of one attempt: log each step's metrics into the run `run_id`, skipping a metric at a step an
     earlier attempt already logged it at; mark where this attempt resumed (`resumed_from_step`, `world_size`)."""
 
-    def __init__(self, run_id: str, resumed_from_step: int = 0, world_size: int | None = None) -> None:
+    def __init__(
+        self, run_id: str, resumed_from_step: int = 0, world_size: int | None = None, mark: bool = True
+    ) -> None:
         self.client, self.run_id = _client(), run_id
         self.logged_until = _last_steps(self.client, run_id)  # per metric: steps up to here are replays
-        marks = {RESUMED: resumed_from_step} if resumed_from_step or self.logged_until else {}
+        marks = {RESUMED: resumed_from_step} if mark and (resumed_from_step or self.logged_until) else {}
         if world_size is not None:
             marks["world_size"] = world_size
         if marks:
@@ -310,56 +322,65 @@ class StepLogger:
             self.client.log_batch(self.run_id, metrics=batch)
 
 
-def trainer_callback(run_id: str, world_size: int | None = None):
-    """The Hugging Face `Trainer`'s own MLflow reporting (`MLflowCallback`), continuing the run `run_id`:
-    it logs the `TrainingArguments` on the first attempt, and on every attempt the losses and evaluations
-    of the steps no earlier attempt logged."""
-    from transformers.integrations import MLflowCallback
+class BackgroundLogger:
+    """Log a run's step metrics into MLflow from a thread of its own, so that no caller ever waits for the
+    server: `RunLog`, the actor that outlives the workers, uses it, and the training code never calls MLflow.
 
-    class ContinuingMLflowCallback(MLflowCallback):
-        def setup(self, args, state, model):
-            os.environ["MLFLOW_RUN_ID"] = run_id  # mlflow.start_run() continues this run
-            os.environ.setdefault(URI, tracking_uri())
-            self.steps = None
-            if state.is_world_process_zero:
-                self.steps = StepLogger(run_id, state.global_step, world_size)
-                if self.steps.logged_until:  # a resumed attempt: the arguments are logged already
-                    os.environ["MLFLOW_MAX_LOG_PARAMS"] = "0"
-            super().setup(args, state, model)
-            self._auto_end_run = False  # the notebook ends the run, with its summary
+    Each request is bounded (BOUNDED_HTTP: one retry, 10 s). A server that is down, paused or refuses the
+    credential costs the metrics it misses, never a training step: the first failure calls `warn` once with a
+    line naming the server, and the thread goes on with the next metrics (a server back later gets them).
+    """
 
-        def on_log(self, args, state, control, logs, model=None, **kwargs):
-            if not self._initialized:
-                self.setup(args, state, model)
-            if state.is_world_process_zero and (fresh := self.steps.new(state.global_step, logs)):
-                super().on_log(args, state, control, fresh, model=model, **kwargs)
+    def __init__(self, run_id: str, warn) -> None:
+        import queue
 
-    return ContinuingMLflowCallback()
+        self.run_id, self.warn, self.queue = run_id, warn, queue.Queue()
+        self.warned = False
+        self.thread = threading.Thread(target=self._run, name="mlflow-logger", daemon=True)
+        self.thread.start()
 
+    def log(self, step: int, metrics: dict) -> None:
+        self.queue.put(("log", step, metrics))
 
-def lightning_logger(run_id: str, world_size: int | None = None):
-    """Lightning's `MLFlowLogger`, continuing the run `run_id`: steps counted from 1 as the run log counts
-    them (Lightning passes the number of steps done before, from 0), those an earlier attempt logged skipped."""
-    from lightning.pytorch.loggers import MLFlowLogger
-    from lightning.pytorch.utilities import rank_zero_only
+    def mark(self, step: int, metrics: dict) -> None:
+        """Markers (`resumed_from_step`, `world_size`): logged whatever an earlier attempt logged."""
+        self.queue.put(("mark", step, metrics))
 
-    class ContinuingMLFlowLogger(MLFlowLogger):
-        steps: StepLogger | None = None
+    def flush(self, timeout: float) -> int:
+        """Wait at most `timeout` seconds for what was queued (not at all once a request failed: the server
+        is known not to answer); return how many entries are still waiting, warning once if any are."""
+        deadline = time.monotonic() + (0 if self.warned else timeout)
+        while self.queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = self.queue.unfinished_tasks
+        if left:
+            self._warn_once(f"did not take {left} metric update(s) within {timeout:.0f} s")
+        return left
 
-        @rank_zero_only
-        def log_metrics(self, metrics, step=None):
-            if step is None:
-                return super().log_metrics(metrics, step)
-            if self.steps is None:  # this attempt's first step: it resumed after `step` steps
-                self.steps = StepLogger(run_id, step, world_size)
-            if fresh := self.steps.new(step + 1, metrics):
-                super().log_metrics(fresh, step + 1)
+    def _warn_once(self, what: str) -> None:
+        if not self.warned:
+            self.warned = True
+            self.warn(
+                f"warning: MLflow at {_shown(tracking_uri())} {what}; training goes on, and the run there "
+                "misses what it does not get"
+            )
 
-        @rank_zero_only
-        def finalize(self, status: str = "success") -> None:
-            pass  # the notebook ends the run, with its summary
-
-    return ContinuingMLFlowLogger(run_id=run_id, tracking_uri=tracking_uri(), log_model=False)
+    def _run(self) -> None:
+        os.environ.update(BOUNDED_HTTP)  # this process only logs from here
+        steps = None
+        while True:
+            kind, step, metrics = self.queue.get()
+            try:
+                if steps is None:  # what earlier attempts of the run logged: their steps are not logged again
+                    steps = StepLogger(self.run_id, mark=False)  # the caller marks attempts
+                if kind == "mark":
+                    steps._log(step, metrics)
+                else:
+                    steps.log(step, **metrics)
+            except Exception as exc:  # noqa: BLE001 - reported once; the run goes on
+                self._warn_once(f"did not take step {step}'s metrics ({exc.__class__.__name__})")
+            finally:
+                self.queue.task_done()
 
 
 def _flat(results: dict) -> tuple[dict, dict]:
@@ -396,6 +417,8 @@ def finish_run(run_id: str, results: dict) -> dict:
     from mlflow.entities import Metric, RunTag
 
     _forget_failure_hook(run_id)
+    if reason := _no_answer(tracking_uri(), timeout=3):
+        raise ConnectionError(reason)
     client = _client()
     metrics, tags = _flat({k: v for k, v in results.items() if k not in ("losses", "parameters")})
     last = max(0, len(results.get("losses") or []))
@@ -418,8 +441,32 @@ def finish_run(run_id: str, results: dict) -> dict:
 
 def metric_steps(run_id: str, key: str) -> list[tuple[int, float]]:
     """(step, value) of every point of the run's metric `key`, in order of step."""
-    history = _client().get_metric_history(run_id, key)
+    if reason := _no_answer(tracking_uri(), timeout=3):
+        raise ConnectionError(reason)
+    with _bounded():
+        history = _client().get_metric_history(run_id, key)
     return sorted((m.step, m.value) for m in history)
+
+
+def show_run(run_id: str, key: str = "loss") -> None:
+    """Print what the MLflow run `run_id` holds of the metric `key` (its steps, each once), where new worker
+    groups resumed, and how to open MLflow's UI on it; one line instead where the server does not answer."""
+    try:
+        points = metric_steps(run_id, key)
+        resumed_at = [int(step) for step, _ in metric_steps(run_id, RESUMED)]
+    except Exception as exc:  # noqa: BLE001 - a record of the run, not the run
+        print(
+            f"MLflow at {_shown(tracking_uri())} did not answer ({exc.__class__.__name__}): nothing to read back"
+        )
+        return
+    steps = [step for step, _ in points]
+    if steps:
+        once = "each once" if len(steps) == len(set(steps)) else "some twice"
+        print(f"MLflow run {run_id}: {len(steps)} {key} points, steps {steps[0]} to {steps[-1]}, {once}")
+    else:
+        print(f"MLflow run {run_id}: no {key} points")
+    print(f"a new worker group resumed at step(s) {resumed_at}" if resumed_at else "no restart")
+    print("To look at it:", ui_command())
 
 
 def ui_command() -> str:

@@ -992,9 +992,9 @@ def check_cluster_run(
 
 # The metric each notebook's training loss is logged under.
 TRACKED_LOSS = {
-    "glue_text_classification": "loss",  # the Trainer's, every `logging_steps`
+    "glue_text_classification": "loss",  # the Trainer's (rank 0), every `logging_steps`, through the observer
     "gpt2_deepspeed": "loss",
-    "dolly_lightning_fsdp": "train_loss",  # what the LightningModule logs with self.log
+    "dolly_lightning_fsdp": "loss",  # the observer's, averaged over the workers
     "llama_fsdp": "loss",
 }
 

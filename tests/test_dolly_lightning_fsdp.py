@@ -151,7 +151,6 @@ def test_checkpoint_is_sharded_with_every_ranks_shard_in_the_bucket(smoke_run, r
     with fs.open_input_file(f"{path}/meta.pt") as f:
         meta = torch.load(f, weights_only=True)
     assert meta["hyper_parameters"]["model_name"] == model_name
-    assert meta["tutorial"]["step_losses"] == pytest.approx(results["losses"])
 
 
 @pytest.mark.notebook

@@ -12,6 +12,7 @@ import pytest
 
 import helpers
 from helpers import tracking
+from helpers.failures import RunLog
 from helpers.validate import ParameterError
 
 
@@ -32,15 +33,18 @@ def test_without_a_tracking_uri_one_run_across_restarts_lands_in_the_local_store
     assert tracking.check_tracking() == uri
     namespace = {"LEARNING_RATE": 0.002, "SMOKE_TEST": True, "STORAGE_PATH": "/tmp/x"}
     run_id = tracking.start_run("unit", namespace)
-    # The first attempt (2 workers) logs steps 1-4 and dies; the second (1 worker) resumed from step 2 runs
-    # 3-6: 3 and 4 are replays, not logged again.
-    first = tracking.StepLogger(run_id, resumed_from_step=0, world_size=2)
-    assert [first.log(s, loss=1.0 / s) for s in range(1, 5)] == [True] * 4
-    # A metric logged ahead (Lightning's learning-rate monitor logs at a step's start) does not hide the
-    # loss of that step, which the first attempt never logged: each metric keeps its own place.
-    assert first.log(5, lr=0.1)
-    second = tracking.StepLogger(run_id, resumed_from_step=2, world_size=1)
-    assert [second.log(s, loss=10.0 + s) for s in range(3, 7)] == [False, False, True, True]
+    # What the observers send the run's RunLog actor, which logs it to MLflow from a thread of its own. The
+    # first attempt (2 workers) logs steps 1-4 and dies; the second (1 worker) resumed from step 2 runs 3-6:
+    # 3 and 4 are replays, not logged again.
+    log = RunLog(6, mlflow_run_id=run_id)
+    log.start_attempt(0, world_size=2)
+    for step in range(1, 5):
+        log.log(step, 1.0 / step)
+    log.start_attempt(2, world_size=1)
+    for step in range(3, 7):
+        log.log(step, 10.0 + step, lr=0.1)
+    assert log.flush_tracking(timeout=30) == 0
+    assert not any(line.startswith("warning") for line in log.lines)
     results = {
         "losses": [1.0, 0.5, 13.0, 14.0, 15.0, 16.0],
         "checkpoint_path": "/tmp/x/checkpoint_000006",
@@ -57,7 +61,7 @@ def test_without_a_tracking_uri_one_run_across_restarts_lands_in_the_local_store
     history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss"))
     assert history == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.25), (5, 15.0), (6, 16.0)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "resumed_from_step")] == [(2, 2.0)]
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "lr")] == [(5, 0.1)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "lr")] == [(5, 0.1), (6, 0.1)]
     assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "world_size")) == [
         (0, 2.0),
         (2, 1.0),

@@ -1,0 +1,284 @@
+"""Watching a training run from outside its training code.
+
+The notebooks' training loops hold the tutorial's steps; what a run also needs (a progress line per logging
+interval, the curve in MLflow, what each worker measured, the planned kill of "When a worker dies") comes
+from two objects:
+
+- `watch(...)`, in the driver: a `Watch`, which goes to the workers in the training config. It owns the
+  run's `RunLog` actor, which outlives the workers and logs to MLflow from a thread of its own, and, as a
+  context manager around `trainer.fit()`, prints the run's lines in the training cell.
+- `Observer(watch, model)`, in each worker: the loop calls `observer.step(step, loss)` once per optimizer
+  step, where the original printed its loss. It returns the loss averaged over the workers.
+
+An observer can never fail or stall a step. It calls the actor without waiting for an answer, and never
+MLflow; the one call it waits for (the kill's claim, on rank 1, once) has a 30 s bound. Each of its parts
+catches its own errors, and the first one becomes one warning line in the training cell; training goes on.
+Its one collective, the loss average, runs on the loss's own device (a GPU's for NCCL), like the step's own
+collectives: a worker that died fails it as it fails the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+
+__all__ = ["Watch", "watch", "Observer", "lightning_observer", "trainer_observer"]
+
+
+@dataclass
+class Watch:
+    """The run's observers' shared state: the `RunLog` actor, the MLflow run, the planned kill's step."""
+
+    run_log: object
+    mlflow_run_id: str | None
+    kill_at_step: int = 0
+    _progress: object = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:  # to the workers: not the driver's printing thread
+        return {**self.__dict__, "_progress": None}
+
+    def __enter__(self) -> Watch:
+        from .failures import show_progress
+
+        self._progress = show_progress(self.run_log)
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):  # the metrics still on their way to MLflow: a bounded wait
+            ray.get(self.run_log.flush_tracking.remote(10.0), timeout=20)
+        self._progress.__exit__(*exc)
+
+    def _get(self, method: str):
+        import ray
+
+        return ray.get(getattr(self.run_log, method).remote())
+
+    def losses(self) -> list[float]:
+        """The global batch's loss at each step; a step run twice counts with its last attempt's value."""
+        return self._get("losses")
+
+    def attempts(self) -> list[dict]:
+        """Each worker group's start step, size, facts and losses (`RunLog.attempt_losses`)."""
+        return self._get("attempt_losses")
+
+    def ranks(self) -> list[dict]:
+        """What each rank measured at its attempt's first step: `node_id`, and per framework its share."""
+        return self._get("ranks")
+
+    def kill_summary(self) -> dict | None:
+        """The planned kill and the resume that followed (`RunLog.kill_summary`); None without a kill."""
+        return self._get("kill_summary")
+
+
+def watch(
+    notebook: str,
+    namespace: dict,
+    total_steps: int,
+    *,
+    print_every: int | None = None,
+    kill_at_step: int | None = None,
+    mlflow_run_id: str | None = None,
+) -> Watch:
+    """In the driver, before `fit()`: the run's `Watch`.
+
+    `namespace`, the notebook's `globals()`: the planned kill is its `KILL_WORKER_AT_STEP` unless
+    `kill_at_step` is given, and a progress line comes every `LOGGING_STEPS` steps where the notebook has
+    that parameter (else `print_every`, else about six lines a run). A new MLflow run records the notebook's
+    parameters, unless `mlflow_run_id` continues one (a resumed run)."""
+    from .failures import run_log
+    from .tracking import start_run
+
+    if print_every is None:
+        print_every = namespace.get("LOGGING_STEPS") or max(1, total_steps // 6)
+    if kill_at_step is None:
+        kill_at_step = int(namespace.get("KILL_WORKER_AT_STEP") or 0)
+    run_id = mlflow_run_id or start_run(notebook, namespace)
+    return Watch(run_log(total_steps, print_every, kill_at_step, run_id), run_id, kill_at_step)
+
+
+class _Watching:
+    """What every framework's observer does, whatever calls it: the attempt's start and each rank's facts,
+    the planned kill, the loss averaged over the workers, and one warning line for the first error."""
+
+    def _watch(self, watch: Watch) -> None:
+        self.watch, self.started, self.warned, self.facts = watch, False, False, {}
+
+    def _start(self, rank: int, world_size: int, steps_done: int, facts: dict) -> None:
+        """The attempt's first step: it starts after `steps_done` steps (0, or a checkpoint's)."""
+        import ray
+
+        from .storage import take_last_fetch
+
+        self.rank, self.world_size, self.started = rank, world_size, True
+        self.facts = {"node_id": ray.get_runtime_context().get_node_id(), **facts}
+        log = self.watch.run_log
+        if rank == 0:  # calls from one process reach the actor in order: the attempt before its steps
+            log.start_attempt.remote(steps_done, world_size)
+        log.rank_facts.remote(rank, self.facts)
+        if fetched := take_last_fetch():  # what this worker read of the checkpoint it resumed from
+            log.checkpoint_fetched.remote(rank, *fetched)
+
+    def _more_facts(self, **facts) -> None:
+        self.facts.update(facts)
+        self.watch.run_log.rank_facts.remote(self.rank, self.facts)
+
+    def _kill_if_due(self, rank: int, step: int) -> None:
+        from .failures import kill_if_due
+
+        kill_if_due(self.watch.run_log, rank, step, self.watch.kill_at_step)
+
+    def _average(self, loss) -> float:
+        """The loss of the global batch: a collective as the step's own are (a dead peer fails both alike)."""
+        import torch.distributed as dist
+
+        value = loss.detach().float().clone()  # on the loss's device, as NCCL needs
+        if self.world_size == 1 or not dist.is_initialized():
+            return value.item()
+        dist.all_reduce(value)  # a sum: gloo has no average
+        return value.item() / self.world_size
+
+    def _log(self, step: int, loss: float, **shown) -> None:
+        if self.rank == 0:
+            self._safely("the run log", lambda: self.watch.run_log.log.remote(step, loss, **shown))
+
+    def _safely(self, what: str, call, *args):
+        try:
+            return call(*args)
+        except Exception as exc:  # noqa: BLE001 - an observer never fails a step
+            if not self.warned:
+                self.warned = True
+                rank = getattr(self, "rank", "?")
+                line = (
+                    f"warning: rank {rank}: {what} failed ({exc.__class__.__name__}: {exc}); training goes on"
+                )
+                print(line, file=sys.stderr, flush=True)
+                with contextlib.suppress(Exception):
+                    self.watch.run_log.say.remote(line)
+            return None
+
+
+class Observer(_Watching):
+    """For a plain training loop, in each worker: `step(step, loss)` once per optimizer step, on every rank
+    (the loss average is a collective). `model`, what the loop trains, for the facts measured at the
+    attempt's first step: a DeepSpeed engine's share of the partitioned state and the bytes it holds."""
+
+    def __init__(self, watch: Watch, model=None) -> None:
+        import ray.train
+
+        context = ray.train.get_context()
+        self._watch(watch)
+        self.model, self.rank, self.world_size = model, context.get_world_rank(), context.get_world_size()
+
+    def step(self, step: int, loss, **shown) -> float:
+        """Step `step` (counted from 1 over the whole run) ended with this worker's `loss` (a tensor);
+        `shown` (e.g. `lr=...`) goes on its progress line and to MLflow. Returns the loss averaged over the
+        workers."""
+        if not self.started:
+            facts = self._safely("measuring the model", _model_facts, self.model) or {}
+            self._safely("the run log", self._start, self.rank, self.world_size, step - 1, facts)
+        self._safely("the planned kill", self._kill_if_due, self.rank, step)
+        value = self._average(loss)
+        self._log(step, value, **shown)
+        return value
+
+
+def lightning_observer(watch: Watch):
+    """For Lightning (a `Callback`, given to `pl.Trainer(callbacks=...)`): what `Observer` does, from
+    Lightning's hooks. At the attempt's start each rank records its node, its share of the parameters after
+    FSDP sharded them and their dtypes; after the first step, the bytes its shards hold."""
+    import lightning.pytorch as pl
+
+    class LightningObserver(pl.Callback, _Watching):
+        def __init__(self) -> None:
+            self._watch(watch)
+            self.num_params, self.measured = 0, False
+
+        def setup(self, trainer, pl_module, stage: str) -> None:  # before the strategy shards the model
+            self.num_params = sum(p.numel() for p in pl_module.parameters())
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            from .fsdp import param_shard_fraction
+
+            def facts() -> dict:
+                return {
+                    "param_shard_fraction": param_shard_fraction(trainer.model, self.num_params),
+                    "param_dtypes": sorted({str(p.dtype) for p in trainer.model.parameters()}),
+                }
+
+            if (read := getattr(trainer.ckpt_path, "bytes_read", None)) is not None:  # resumed
+                from .storage import _LAST_FETCH
+
+                _LAST_FETCH[:] = [read, trainer.ckpt_path.checkpoint_bytes]
+            measured = self._safely("measuring the model", facts) or {}
+            start = (trainer.global_rank, trainer.world_size, trainer.global_step, measured)
+            self._safely("the run log", self._start, *start)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self._safely("the planned kill", self._kill_if_due, trainer.global_rank, trainer.global_step + 1)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if not self.measured:  # after the first step: what this rank's shards hold, against the plan
+                from .plan import state_bytes
+
+                self.measured = True
+                held = self._safely("measuring the shards", state_bytes, trainer.model, trainer.optimizers[0])
+                self._safely("the run log", lambda: self._more_facts(state_bytes=held))
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            lr = trainer.optimizers[0].param_groups[0]["lr"]
+            self._log(trainer.global_step, self._average(loss), lr=lr)
+
+    return LightningObserver()
+
+
+def trainer_observer(watch: Watch, metric: str):
+    """For the Hugging Face `Trainer` (a `TrainerCallback`, given to `trainer.add_callback`): each logged
+    training loss (rank 0's, as the `Trainer` logs it) to the progress lines and MLflow, each evaluation as a
+    line naming `metric` and its numbers to MLflow, each rank's node, and the planned kill."""
+    from transformers import TrainerCallback
+
+    class TrainerObserver(TrainerCallback, _Watching):
+        def __init__(self) -> None:
+            self._watch(watch)
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            import ray.train
+
+            context = ray.train.get_context()
+            start = (context.get_world_rank(), context.get_world_size(), state.global_step, {})
+            self._safely("the run log", self._start, *start)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._safely("the planned kill", self._kill_if_due, self.rank, state.global_step + 1)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "loss" in logs:
+                self._log(state.global_step, logs["loss"], lr=logs.get("learning_rate", 0.0))
+            if self.rank == 0 and "eval_loss" in logs:
+                line = f"evaluated at step {state.global_step}: {metric} {logs[f'eval_{metric}']:.3f}"
+                numbers = {
+                    k: v for k, v in logs.items() if k.startswith("eval_") and isinstance(v, int | float)
+                }
+                log = self.watch.run_log
+                self._safely(
+                    "the run log",
+                    lambda: (log.say.remote(line), log.track.remote(state.global_step, numbers)),
+                )
+
+    return TrainerObserver()
+
+
+def _model_facts(model) -> dict:
+    """What a rank holds of the model, measured where the framework says: a DeepSpeed engine's partitioned
+    share (`partition_fraction`) and bytes (`state_bytes`)."""
+    if model is None:
+        return {}
+    if hasattr(model, "zero_optimization_stage"):  # a DeepSpeed engine
+        from .sharding import zero_partition_fraction, zero_state_bytes
+
+        return {"partition_fraction": zero_partition_fraction(model), "state_bytes": zero_state_bytes(model)}
+    return {}
