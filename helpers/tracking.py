@@ -349,12 +349,16 @@ class BackgroundLogger:
     def flush(self, timeout: float) -> int:
         """Wait at most `timeout` seconds for what was queued (not at all once a request failed: the server
         is known not to answer); return how many entries are still waiting, warning once if any are."""
+        waiting = self.queue.unfinished_tasks and not self.warned
+        if waiting and (reason := _no_answer(tracking_uri(), timeout=2)):  # no server: no point in waiting
+            self._warn_once(f"does not answer ({reason})")
         deadline = time.monotonic() + (0 if self.warned else timeout)
         while self.queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.1)
         left = self.queue.unfinished_tasks
         if left:
             self._warn_once(f"did not take {left} metric update(s) within {timeout:.0f} s")
+
         return left
 
     def _warn_once(self, what: str) -> None:
