@@ -1,4 +1,4 @@
-# `make run`: every notebook in smoke mode through papermill, with a summary.
+# `make lab`: JupyterLab on the notebooks in smoke mode. `make run`: every notebook in smoke mode through papermill, with a summary.
 # `make test`: the test suite. `make docs`: the docs site in docs/_build/html (DOCS_EXECUTE=1: with the
 # notebooks executed in smoke mode). All create or update the virtualenv first.
 SHELL := /bin/bash
@@ -52,7 +52,7 @@ SPHINX_OPTS := -W --keep-going -E -b html  # warnings are errors (all reported),
 # DOCS_EXECUTE is on unless unset or 0/false/no (as docs/conf.py reads it)
 DOCS_EXECUTED := $(filter-out 0 false False FALSE no No NO,$(DOCS_EXECUTE))
 
-.PHONY: install run test docs lint clean cluster-up cluster-down cluster-kill-node cluster-add-node cluster-pause-storage job
+.PHONY: install lab run test docs lint clean cluster-up cluster-down cluster-kill-node cluster-add-node cluster-pause-storage job
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,11 @@ ifneq ($(filter-out 0 false no,$(CLUSTER)),)
 else
 	$(BIN)/python ci/run_notebooks.py $(RUN_ARGS)
 endif
+
+# JupyterLab on the notebooks in smoke mode (SMOKE_TEST=1: each notebook's Set up cell swaps in a tiny model
+# and fixtures), on 127.0.0.1 with JupyterLab's token. JUPYTER_ARGS passes more, e.g. --no-browser.
+lab: install
+	SMOKE_TEST=1 $(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(JUPYTER_ARGS)
 
 # Two Ray nodes (token authentication on) and an S3 server with a bucket; writes cluster.env. By hand:
 #   make cluster-up && source cluster.env && papermill notebooks/X.ipynb out.ipynb -p SMOKE_TEST True ...

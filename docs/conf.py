@@ -4,7 +4,8 @@
 
 - unset or `0` (the default, seconds): the committed notebooks as they are, code without outputs. Under
   its title each notebook page gets a "What you should see" box: what a smoke run prints and what
-  success looks like, from `_expected/<notebook>.md` (a notebook without one fails the build);
+  success looks like, from the notebook's cell tagged `what-you-should-see` (a notebook without one fails
+  the build);
 - `1` (minutes): MyST-NB executes every notebook in smoke mode (`SMOKE_TEST=1`: tiny local models,
   fixture data, 2 CPU workers, offline) and renders its outputs (plots, tables, logs). Each page then
   says, under its title, that its outputs come from that CPU smoke run, with the date and versions.
@@ -34,8 +35,7 @@ copyright = f"2026, {author}"
 extensions = ["myst_nb", "sphinx.ext.autodoc"]
 # `notebooks` is a link to ../notebooks: the pages are the committed notebooks themselves, and an executed
 # notebook runs in notebooks/, its usual working directory.
-# `_expected`: the "What you should see" boxes, put into the notebook pages, not pages of their own.
-exclude_patterns = ["_build", "_expected", "**/.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "**/.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
 
 # ---- Markdown (MyST) ----
 # `alert`: GitHub-style notes (`> [!NOTE]`), which read as a plain quote in JupyterLab and render as
@@ -107,7 +107,7 @@ def _versions() -> str:
     return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in names)
 
 
-EXPECTED = "_expected"  # <source dir>/_expected/<notebook>.md: what a smoke run of that notebook shows
+EXPECTED_TAG = "what-you-should-see"  # the notebook's Markdown cell that says what a smoke run shows
 
 if EXECUTE:
     # Above an executed notebook's outputs: where they come from.
@@ -121,15 +121,16 @@ if EXECUTE:
     )
 
 
-def what_you_should_see(expected: Path) -> str:
-    """Above a notebook shown without outputs: the box that says what running it shows (`expected`'s text)."""
+def what_you_should_see(expected: str) -> str:
+    """Above a notebook shown without outputs: the box that says what running it shows (`expected`, the
+    text of the notebook's own cell tagged EXPECTED_TAG, after its first line)."""
     return (
         ":::{admonition} What you should see\n"
         ":class: tip what-you-should-see\n"
         "This page shows the notebook without outputs. Run it in smoke mode (`SMOKE_TEST=1`: a tiny model, "
         "fixture data, 2 CPU workers; a few minutes on a laptop, see "
         "{ref}`how to run the notebooks <run-the-notebooks>`) and you should see:\n\n"
-        f"{expected.read_text().strip()}\n"
+        f"{expected.strip()}\n"
         ":::\n"
     )
 
@@ -164,16 +165,18 @@ def _check_and_label_notebook(app, docname: str, source: list[str]) -> None:
     if EXECUTE:
         note = EXECUTED_NOTE
     else:
-        expected = Path(app.srcdir) / EXPECTED / f"{Path(docname).name}.md"
-        if not expected.is_file():
+        tagged = [
+            c for c in nb.cells if c.cell_type == "markdown" and EXPECTED_TAG in c.metadata.get("tags", [])
+        ]
+        if len(tagged) != 1:
             logging.getLogger(__name__).warning(
-                f'no "What you should see" box: write {EXPECTED}/{expected.name}',
+                f'no "What you should see" box: tag one Markdown cell (after the training cell) {EXPECTED_TAG}'
+                f" ({len(tagged)} tagged)",
                 location=docname,
                 type="notebook",
             )
             return
-        app.env.note_dependency(str(expected))  # an edited box rebuilds the page
-        note = what_you_should_see(expected)
+        note = what_you_should_see(tagged[0].source.partition("\n")[2])
     title, _, rest = first.source.partition("\n")
     if title.startswith("# "):
         first.source = f"{title}\n\n{note}\n{rest}"

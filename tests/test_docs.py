@@ -4,7 +4,7 @@ The site is served on loopback and opened in headless Chromium (`CHROMIUM`, by d
 `chromium`, which `make test` installs where it can: as root or with sudo that asks no password), the
 way a reader sees it: the landing page links to every notebook's page; the header bar opens each of the
 guide pages (cluster, testing, changes) with its title and no link to a missing page or anchor; each
-notebook page shows its title, its "What you should see" box (`docs/_expected/<notebook>.md`), its code
+notebook page shows its title, its "What you should see" box (the notebook's cell tagged `what-you-should-see`), its code
 cells and no Python traceback, and in a 1280-pixel window no code block scrolls sideways; a screenshot
 of each page is kept in `test-artifacts/docs/screenshots/`. Without Chromium the browser tests are
 skipped, with the reason in pytest's summary (the build tests still run), unless `CI=true`: there they
@@ -243,11 +243,11 @@ def test_notebook_page_shows_title_code_and_no_traceback(browser, base_url, path
 def test_notebook_page_says_what_you_should_see(browser, base_url, path):
     """On the default site (notebooks not executed), a box under the title says what a smoke run shows.
 
-    Its points are those of `docs/_expected/<notebook>.md`, each led by a bold phrase, and the full-scale
-    result.
+    Its points are those of the notebook's own cell tagged `what-you-should-see` (right after its training
+    cell), each led by a bold phrase, and the full-scale result.
     """
-    expected = (DOCS / "_expected" / f"{path.stem}.md").read_text()
-    leads = [lead.replace("`", "") for lead in re.findall(r"\*\*(.+?)\*\*", expected)]
+    tagged = _what_you_should_see_cells(path)
+    leads = [lead.replace("`", "") for lead in re.findall(r"\*\*(.+?)\*\*", tagged[0].source)][1:]
     assert len(leads) >= 3 and "At full scale" in leads
     with open_page(browser, f"{base_url}/notebooks/{path.stem}.html") as page:
         box = page.locator("article div.admonition.what-you-should-see")
@@ -265,9 +265,18 @@ def test_notebook_page_says_what_you_should_see(browser, base_url, path):
         assert "Outputs from a CPU smoke run" not in page.locator("article").inner_text()
 
 
-def test_every_notebook_has_what_you_should_see_and_no_other_file_does():
-    expected = {p.stem for p in (DOCS / "_expected").glob("*.md")}
-    assert expected == {p.stem for p in NOTEBOOK_FILES}
+def _what_you_should_see_cells(path) -> list:
+    nb = nbformat.read(path, as_version=4)
+    return [c for c in nb.cells if "what-you-should-see" in c.metadata.get("tags", [])]
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
+def test_every_notebook_says_what_you_should_see_right_after_training(path):
+    nb = nbformat.read(path, as_version=4)
+    tagged = _what_you_should_see_cells(path)
+    assert len(tagged) == 1 and tagged[0].cell_type == "markdown"
+    before = nb.cells[nb.cells.index(tagged[0]) - 1]
+    assert before.cell_type == "code" and ".fit()" in before.source  # the training cell
 
 
 # Every code block in a page's text (cell inputs and Markdown code), not the cells' outputs, whose log lines
@@ -396,13 +405,23 @@ def _fixture_site(tmp_path):
     return src
 
 
+def _with_what_you_should_see(src) -> None:
+    """The fixture notebook with its "What you should see" cell, as each notebook has after training."""
+    path = src / "notebooks" / "page.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    cell = nbformat.v4.new_markdown_cell(
+        "**What you should see** in smoke mode:\n\n- **A fixture result.** What the page's smoke run prints.\n"
+    )
+    cell.metadata["tags"] = ["what-you-should-see"]
+    nb.cells.append(cell)
+    nbformat.write(nb, path)
+
+
 def test_notebook_markdown_and_cell_tags_render(browser, tmp_path):
     src = _fixture_site(tmp_path)
-    (src / "_expected").mkdir()
-    (src / "_expected" / "page.md").write_text("- **A fixture result.** What the page's smoke run prints.\n")
+    _with_what_you_should_see(src)
     proc = sphinx_build(src, tmp_path / "html")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert not (tmp_path / "html" / "_expected").exists()  # put into the page, not a page of its own
     with serve(tmp_path / "html") as url, open_page(browser, f"{url}/notebooks/page.html") as page:
         article = page.locator("article")
         box = article.locator("div.admonition.what-you-should-see")
@@ -458,7 +477,7 @@ def test_a_notebook_page_without_what_you_should_see_fails_the_build(tmp_path):
     src = _fixture_site(tmp_path)
     proc = sphinx_build(src, tmp_path / "html")
     assert proc.returncode != 0
-    assert re.search(r'page\.ipynb.*no "What you should see" box: write _expected/page\.md', proc.stderr), (
+    assert re.search(r'page\.ipynb.*no "What you should see" box: tag one Markdown cell', proc.stderr), (
         proc.stderr[-3000:]
     )
     assert "Traceback" not in proc.stderr
