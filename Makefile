@@ -91,7 +91,8 @@ endif
 # JupyterLab on the notebooks in smoke mode (SMOKE_TEST=1: each notebook's Set up cell swaps in a tiny model
 # and fixtures), on 127.0.0.1 with JupyterLab's token. JUPYTER_ARGS passes more, e.g. --no-browser.
 lab: install
-	SMOKE_TEST=1 $(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(JUPYTER_ARGS)
+	SMOKE_TEST=1 $(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(JUPYTER_ARGS)
 
 # Two Ray nodes (token authentication on) and an S3 server with a bucket; writes cluster.env. By hand:
 #   make cluster-up && source cluster.env && papermill notebooks/X.ipynb out.ipynb -p SMOKE_TEST True ...
