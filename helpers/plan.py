@@ -33,8 +33,9 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
 - The optimizer step runs after the backward pass has freed the activations: torch's default
   ("foreach") AdamW allocates a temporary the size of the weights it updates (4 P / N), the for-loop
   one (`foreach=False`) only one tensor's worth. The per-GPU peak is the larger of the two phases.
-- DeepSpeed ZeRO-1/2 also allocates its gradient reduction buckets: `reduce_bucket_size` (5e8) elements
-  in the 16-bit dtype, twice with `overlap_comm` (`stage_1_and_2.py`, `setup_buckets`): 2 GB.
+- DeepSpeed ZeRO-1/2 also allocates its gradient reduction buckets: `reduce_bucket_size` elements in the
+  16-bit dtype, twice with `overlap_comm` (`stage_1_and_2.py`, `setup_buckets`). The GPT-2 notebook's
+  config asks for 5e7 (200 MB in all); DeepSpeed's default, 5e8, would hold 2 GB whatever the model.
 - A CUDA context (1 GiB), NCCL's buffers (0.5 GiB), and 2 % of the rest for the caching allocator's
   fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.start_ray`
   sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
@@ -91,7 +92,7 @@ FAIL_ABOVE, WARN_ABOVE = 1.0, 0.85
 CUDA_OVERHEAD = 1 * GiB  # the CUDA context
 NCCL_BUFFERS = GiB // 2
 ALLOCATOR_RESERVE = 0.02  # fragmentation, with expandable segments
-ZERO_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size, elements
+ZERO_REDUCE_BUCKET = 50_000_000  # the GPT-2 notebook's reduce_bucket_size (make_ds_config), elements
 
 
 @dataclass(frozen=True)
