@@ -94,7 +94,7 @@ def _check_min_workers(notebook: str, p: dict) -> None:
     if notebook in ELASTIC_REFUSED:
         raise ParameterError(
             f"MIN_WORKERS={value}: this notebook cannot continue on fewer workers: "
-            f"{ELASTIC_REFUSED[notebook]}. Leave MIN_WORKERS=None; a failed worker is restarted at "
+            f"{ELASTIC_REFUSED[notebook]}. It has no MIN_WORKERS parameter: a failed worker is restarted at "
             f"NUM_WORKERS={p['NUM_WORKERS']}."
         )
     plan = plan_for(

@@ -84,6 +84,9 @@ def _parameters_cell_names() -> list[str]:
 
 
 _names: list[str] = []  # the parameters, as `check_parameter_names` found them
+# Parameters of another notebook that a notebook without them refuses with its own reason, not as unknown
+# (`helpers.checks`: MIN_WORKERS, for the notebooks that cannot continue on fewer workers).
+REFUSED_WITH_A_REASON = {"MIN_WORKERS"}
 
 
 def check_parameter_names(namespace: dict) -> list[str]:
@@ -95,7 +98,7 @@ def check_parameter_names(namespace: dict) -> list[str]:
     of its cells (nbval runs them without it), the parameters are the upper-case names defined so far.
     """
     known = _parameters_cell_names()
-    unknown = sorted(papermill_parameters() - set(known)) if known else []
+    unknown = sorted(papermill_parameters() - set(known) - REFUSED_WITH_A_REASON) if known else []
     _names[:] = known or [name for name in namespace if name.isupper() and not name.startswith("_")]
     if unknown:
         hints = []
