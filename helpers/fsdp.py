@@ -205,7 +205,9 @@ def frozen_tensors_changed(model, before: list[int]) -> int:
     import torch.distributed as dist
 
     after = frozen_fingerprint(model)
-    changed = torch.tensor(sum(a != b for a, b in zip(before, after, strict=True)), dtype=torch.int64)
+    device = next(model.parameters()).device  # NCCL reduces only tensors on the GPU; gloo, on the CPU
+    changed = sum(a != b for a, b in zip(before, after, strict=True))
+    changed = torch.tensor(changed, dtype=torch.int64, device=device)
     if dist.is_initialized():
         dist.all_reduce(changed)  # gloo and NCCL both sum
     return int(changed)
