@@ -191,6 +191,16 @@ WRITE_TRIES = 5
 _ABANDONED: dict = {}  # writing thread -> the Event set when its try is given up
 
 
+def _current_cuda_device() -> int | None:
+    """The calling thread's CUDA device where CUDA is in use (a rank's own GPU), else None."""
+    import sys
+
+    torch = sys.modules.get("torch")  # never import torch (or start CUDA) just to ask
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
+
+
 class StorageStalled(OSError):
     """A checkpoint file was not written in `WRITE_TRIES` tries (`dcp_writer`)."""
 
@@ -299,6 +309,7 @@ def dcp_writer(
         OSError, given up (its stream never written or closed again) and run again after a backoff."""
         deadline = stall_s + size / min_rate
         problem = "no error"
+        device = _current_cuda_device()  # this rank's GPU: a new thread's current device is GPU 0
         for attempt in range(1, tries + 1):
             outcome: dict = {}
             abandoned = threading.Event()
@@ -306,6 +317,10 @@ def dcp_writer(
             def run(outcome=outcome, abandoned=abandoned) -> None:
                 _ABANDONED[threading.get_ident()] = abandoned
                 try:
+                    if device is not None:  # DCP's loader takes the current device's stream
+                        import torch
+
+                        torch.cuda.set_device(device)
                     outcome["result"] = work()
                 except BaseException as exc:  # noqa: BLE001 - reported below, then tried again
                     outcome["error"] = exc
