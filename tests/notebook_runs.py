@@ -973,6 +973,7 @@ def check_cluster_run(
     kill_at: int | None,
     resumed_from: int | None,
     tolerance: float,
+    tracked: bool = True,
 ) -> None:
     """What every notebook must show on the cluster: two nodes, a bucket, one real restart that replays, and
     the run in the cluster's MLflow server (`check_tracked_run`)."""
@@ -980,7 +981,8 @@ def check_cluster_run(
     assert len(ids) == 2 and len(set(ids)) == 2, f"workers not on two Ray nodes: {ids}"
     assert results["checkpoint_path"].startswith("s3://"), results["checkpoint_path"]
     assert listing(results["checkpoint_path"], cluster), "the reported checkpoint is not in the bucket"
-    check_tracked_run(results, cluster)
+    if tracked:  # False: a run whose tracking server was stopped (`TrackingStopped`)
+        check_tracked_run(results, cluster)
     if kill_at is None:
         assert results["kill"] is None
         return
@@ -988,6 +990,51 @@ def check_cluster_run(
     assert kill["at_step"] == kill_at and kill["restarts"] == 1, kill
     assert kill["resumed_from_step"] == resumed_from, kill
     assert kill["replayed_steps"] and kill["replayed_max_abs_diff"] <= tolerance, kill
+
+
+class TrackingStopped:
+    """While a notebook trains on the test cluster, stop the cluster's MLflow server (SIGSTOP: it accepts
+    connections and answers nothing) once the run's first loss point is in its database, until the block
+    ends; then let it go on. `stopped` says whether it was stopped. The run is the first of `experiment`
+    (the notebook's name) created after the block started."""
+
+    def __init__(self, experiment: str):
+        self.experiment, self.stopped = experiment, threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tracking-stopped", daemon=True)
+
+    def _watch(self) -> None:
+        import sqlite3
+
+        import psutil
+
+        records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
+        server = psutil.Process(next(r for r in records if r["name"] == "mlflow")["pid"])
+        query = (  # a loss point of a run of the experiment, started after this block began
+            "SELECT count(*) FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+            "JOIN experiments e ON e.experiment_id = r.experiment_id "
+            "WHERE e.name = ? AND r.start_time >= ? AND m.key = 'loss'"
+        )
+        since = int(time.time() * 1000)
+        while not self._done.wait(0.2):
+            with contextlib.suppress(sqlite3.OperationalError):  # the server is writing
+                uri = f"file:{CLUSTER_DIR / 'mlflow.db'}?mode=ro"
+                with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+                    if db.execute(query, (self.experiment, since)).fetchone()[0]:
+                        server.suspend()
+                        self.stopped.set()
+                        self._server = server
+                        return
+
+    def __enter__(self) -> TrackingStopped:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        if self.stopped.is_set():
+            self._server.resume()
 
 
 # The metric each notebook's training loss is logged under.
