@@ -1,7 +1,8 @@
 """A worker killed for real, and what a person reads while a run trains: a line per logging interval.
 
-Used by the training functions of every notebook (`run_log.log`, `kill_if_due`), by their training cells
-(`show_progress`) and by their sections "When a worker dies" (`RunLog.kill_summary`).
+Used through `helpers.watch` and the observers (`helpers.observe`: `RunLog.log`, `kill_if_due`), by the
+Llama notebook's loop directly, by the training cells (`show_progress`) and by the sections "When a worker
+dies" (`RunLog.kill_summary`).
 
 When a worker process dies, its whole worker group goes with it: everything the workers held in
 memory, and every metric reported since the last checkpoint. `RunLog` is a small Ray actor that the
@@ -52,7 +53,6 @@ class RunLog:
         self.total_steps = total_steps
         self.print_every = max(1, int(print_every))
         self.lines: list[str] = []  # what the training cell shows, in order
-        self._notes: dict = {}
         self._fetched: dict[int, int] = {}  # rank -> bytes of the checkpoint it fetched to resume
         self._checkpoint_bytes: int | None = None
         self._ranks: dict[int, dict] = {}  # rank -> what it measured at its attempt's first step
@@ -66,13 +66,6 @@ class RunLog:
             self._tracker = BackgroundLogger(mlflow_run_id, self.lines.append)
 
     # ---- what the workers tell it
-    def note(self, key: str, value) -> None:
-        """Keep a small fact of the run (e.g. where the workers ran) for the notebook to read."""
-        self._notes[key] = value
-
-    def notes(self) -> dict:
-        return dict(self._notes)
-
     def say(self, line: str) -> None:
         """A line for the training cell (an event a person should see, e.g. an evaluation); after a restart
         it names the attempt, so that an event the new worker group repeats reads as a repeat."""

@@ -107,8 +107,10 @@ class _Watching:
     def _watch(self, watch: Watch) -> None:
         self.watch, self.started, self.warned, self.facts = watch, False, False, {}
 
-    def _start(self, rank: int, world_size: int, steps_done: int, facts: dict) -> None:
-        """The attempt's first step: it starts after `steps_done` steps (0, or a checkpoint's)."""
+    def _start(self, rank: int, world_size: int, steps_done: int, facts: dict, fetched=None) -> None:
+        """The attempt's first step: it starts after `steps_done` steps (0, or a checkpoint's). `fetched`,
+        (bytes read, checkpoint bytes) of the checkpoint it resumed from, where the caller knows them; else
+        what this process's last `helpers.storage.checkpoint_folder` fetched, if anything."""
         import ray
 
         from .storage import take_last_fetch
@@ -119,7 +121,7 @@ class _Watching:
         if rank == 0:  # calls from one process reach the actor in order: the attempt before its steps
             log.start_attempt.remote(steps_done, world_size)
         log.rank_facts.remote(rank, self.facts)
-        if fetched := take_last_fetch():  # what this worker read of the checkpoint it resumed from
+        if fetched := fetched or take_last_fetch():  # what this worker read of the checkpoint it resumed from
             log.checkpoint_fetched.remote(rank, *fetched)
 
     def _more_facts(self, **facts) -> None:
@@ -209,12 +211,11 @@ def lightning_observer(watch: Watch):
                     "param_dtypes": sorted({str(p.dtype) for p in trainer.model.parameters()}),
                 }
 
-            if (read := getattr(trainer.ckpt_path, "bytes_read", None)) is not None:  # resumed
-                from .storage import _LAST_FETCH
-
-                _LAST_FETCH[:] = [read, trainer.ckpt_path.checkpoint_bytes]
+            fetched = None
+            if (read := getattr(trainer.ckpt_path, "bytes_read", None)) is not None:  # resumed, in place
+                fetched = (read, trainer.ckpt_path.checkpoint_bytes)
             measured = self._safely("measuring the model", facts) or {}
-            start = (trainer.global_rank, trainer.world_size, trainer.global_step, measured)
+            start = (trainer.global_rank, trainer.world_size, trainer.global_step, measured, fetched)
             self._safely("the run log", self._start, *start)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

@@ -1,7 +1,7 @@
 """Runs you can find again: every notebook's run in MLflow, one MLflow run per training run.
 
 Used by each notebook's watch (`helpers.watch`: `start_run`, and `BackgroundLogger` in the run's `RunLog`
-actor, which logs what the observers send it; Llama's training function: `StepLogger`), its
+actor, which logs what the observers send it), its
 section "Going further: tracking" (`ui_command`, `metric_steps`), and its last cell, where
 `helpers.write_results` ends the run with the run's summary (`finish_run`). The set-up checks
 (`check_tracking`, `check_tracking_from_nodes`) fail in the first cells.
@@ -289,19 +289,12 @@ def _last_steps(client, run_id: str) -> dict[str, int]:
 
 
 class StepLogger:
-    """Rank 0 of one attempt: log each step's metrics into the run `run_id`, skipping a metric at a step an
-    earlier attempt already logged it at; mark where this attempt resumed (`resumed_from_step`, `world_size`)."""
+    """Log step metrics into the run `run_id`, but a metric at a step that an earlier logger of the run
+    already reached (a resumed `fit()` that continues the run starts where the run's metrics got to)."""
 
-    def __init__(
-        self, run_id: str, resumed_from_step: int = 0, world_size: int | None = None, mark: bool = True
-    ) -> None:
+    def __init__(self, run_id: str) -> None:
         self.client, self.run_id = _client(), run_id
         self.logged_until = _last_steps(self.client, run_id)  # per metric: steps up to here are replays
-        marks = {RESUMED: resumed_from_step} if mark and (resumed_from_step or self.logged_until) else {}
-        if world_size is not None:
-            marks["world_size"] = world_size
-        if marks:
-            self._log(resumed_from_step, marks)
 
     def new(self, step: int, metrics: dict) -> dict:
         """The `metrics` that no earlier attempt logged at `step` or later."""
@@ -310,10 +303,11 @@ class StepLogger:
     def log(self, step: int, **metrics) -> bool:
         """Log `metrics` (name=number) at `step`, but those an earlier attempt logged; True if any was logged."""
         fresh = self.new(step, {k: v for k, v in metrics.items() if isinstance(v, int | float)})
-        self._log(step, fresh)
+        self.log_all(step, fresh)
         return bool(fresh)
 
-    def _log(self, step: int, metrics: dict) -> None:
+    def log_all(self, step: int, metrics: dict) -> None:
+        """Log `metrics` at `step`, whatever was logged before (the markers of a new attempt)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -376,9 +370,9 @@ class BackgroundLogger:
             kind, step, metrics = self.queue.get()
             try:
                 if steps is None:  # what earlier attempts of the run logged: their steps are not logged again
-                    steps = StepLogger(self.run_id, mark=False)  # the caller marks attempts
+                    steps = StepLogger(self.run_id)
                 if kind == "mark":
-                    steps._log(step, metrics)
+                    steps.log_all(step, metrics)
                 else:
                     steps.log(step, **metrics)
             except Exception as exc:  # noqa: BLE001 - reported once; the run goes on
