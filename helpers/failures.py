@@ -1,8 +1,7 @@
 """A worker killed for real, and what a person reads while a run trains: a line per logging interval.
 
 Used through `helpers.watch` and the observers (`helpers.observe`: `RunLog.log`, `kill_if_due`), by the
-Llama notebook's loop directly, by the training cells (`show_progress`) and by the sections "When a worker
-dies" (`RunLog.kill_summary`).
+training cells (`show_progress`) and by the sections "When a worker dies" (`RunLog.kill_summary`).
 
 When a worker process dies, its whole worker group goes with it: everything the workers held in
 memory, and every metric reported since the last checkpoint. `RunLog` is a small Ray actor that the
@@ -73,8 +72,10 @@ class RunLog:
 
     def rank_facts(self, rank: int, facts: dict) -> None:
         """What worker `rank` measured (e.g. its node, its share of the model state); a later attempt's
-        facts replace an earlier one's."""
+        facts replace an earlier one's here, and each attempt keeps its own (`attempt_losses`)."""
         self._ranks[int(rank)] = dict(facts)
+        if self.attempts:
+            self.attempts[-1]["ranks"][int(rank)] = dict(facts)
 
     def checkpoint_fetched(self, rank: int, bytes_fetched: int, checkpoint_bytes: int) -> None:
         """Worker `rank` fetched `bytes_fetched` of a checkpoint of `checkpoint_bytes` to resume (the
@@ -84,15 +85,18 @@ class RunLog:
 
     def start_attempt(self, resumed_from_step: int, world_size: int | None = None, **facts) -> int:
         """A worker group started (rank 0 says so), resuming after `resumed_from_step` (0: from the start),
-        with `world_size` workers; `facts` (e.g. the tokens per step) are kept with the attempt. Given
-        `resume_bytes_per_rank` and `checkpoint_bytes`, they count as `checkpoint_fetched` does."""
+        with `world_size` workers; `facts` (e.g. the micro-steps per step) are kept with the attempt."""
         previous = self.attempts[-1] if self.attempts else None
         self.attempts.append(
-            {"resumed_from_step": int(resumed_from_step), "world_size": world_size, **facts, "losses": {}}
+            {
+                "resumed_from_step": int(resumed_from_step),
+                "world_size": world_size,
+                **facts,
+                "losses": {},
+                "step_seconds": {},
+                "ranks": {},
+            }
         )
-        if "resume_bytes_per_rank" in facts and "checkpoint_bytes" in facts:
-            self._fetched = dict(enumerate(facts["resume_bytes_per_rank"]))
-            self._checkpoint_bytes = int(facts["checkpoint_bytes"])
         if self._tracker is not None:
             marks = {"world_size": world_size} if world_size is not None else {}
             if resumed_from_step or previous is not None:
@@ -115,9 +119,12 @@ class RunLog:
             )
         return len(self.attempts)
 
-    def log(self, step: int, loss: float, **extra) -> None:
-        """Rank 0: step `step` (counted from 1) ended with `loss`; `extra` (e.g. lr=...) shows on its line."""
+    def log(self, step: int, loss: float, _seconds: float | None = None, **extra) -> None:
+        """Rank 0: step `step` (counted from 1) ended with `loss`, `_seconds` after the one before; `extra`
+        (e.g. lr=...) shows on its line."""
         self.attempts[-1]["losses"][int(step)] = float(loss)
+        if _seconds is not None:
+            self.attempts[-1]["step_seconds"][int(step)] = float(_seconds)
         if self._tracker is not None and step > self._tracked_until:
             numbers = {k: float(v) for k, v in extra.items() if isinstance(v, int | float)}
             self._tracker.log(int(step), {"loss": float(loss), **numbers})
@@ -163,9 +170,24 @@ class RunLog:
         return [merged[s] for s in sorted(merged)]
 
     def attempt_losses(self) -> list[dict]:
-        """Each attempt: `resumed_from_step`, `world_size`, the facts it was started with, and `losses`
-        ({step as a string: loss}, as JSON keeps it)."""
-        return [{**a, "losses": {str(k): v for k, v in a["losses"].items()}} for a in self.attempts]
+        """Each attempt: `resumed_from_step`, `world_size`, the facts it was started with, `losses` and
+        `step_seconds` ({step as a string: value}, as JSON keeps it), and `ranks`, what each rank measured
+        (by rank); where its ranks read a checkpoint to resume, `resume_bytes_per_rank` and
+        `checkpoint_bytes`."""
+        out = []
+        for a in self.attempts:
+            ranks = [a["ranks"][r] for r in sorted(a["ranks"])]
+            attempt = {
+                **a,
+                "losses": {str(k): v for k, v in a["losses"].items()},
+                "step_seconds": {str(k): v for k, v in a["step_seconds"].items()},
+                "ranks": ranks,
+            }
+            if ranks and all("resume_bytes" in r for r in ranks):
+                attempt["resume_bytes_per_rank"] = [r["resume_bytes"] for r in ranks]
+                attempt["checkpoint_bytes"] = ranks[0]["checkpoint_bytes"]
+            out.append(attempt)
+        return out
 
     def kill_summary(self) -> dict | None:
         """`{"at_step", "resumed_from_step", "restarts", "replayed_steps", "replayed_max_abs_diff"}`, and

@@ -33,6 +33,7 @@ class Watch:
     run_log: object
     mlflow_run_id: str | None
     kill_at_step: int = 0
+    total_steps: int | None = None
     _progress: object = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:  # to the workers: not the driver's printing thread
@@ -97,7 +98,7 @@ def watch(
     if kill_at_step is None:
         kill_at_step = int(namespace.get("KILL_WORKER_AT_STEP") or 0)
     run_id = mlflow_run_id or start_run(notebook, namespace)
-    return Watch(run_log(total_steps, print_every, kill_at_step, run_id), run_id, kill_at_step)
+    return Watch(run_log(total_steps, print_every, kill_at_step, run_id), run_id, kill_at_step, total_steps)
 
 
 class _Watching:
@@ -110,19 +111,35 @@ class _Watching:
     def _start(self, rank: int, world_size: int, steps_done: int, facts: dict, fetched=None) -> None:
         """The attempt's first step: it starts after `steps_done` steps (0, or a checkpoint's). `fetched`,
         (bytes read, checkpoint bytes) of the checkpoint it resumed from, where the caller knows them; else
-        what this process's last `helpers.storage.checkpoint_folder` fetched, if anything."""
+        what this process last read through `helpers.storage` (`take_last_fetch`), if anything."""
+        self._begin_attempt(rank, world_size, steps_done)
+        self._send_facts(facts, fetched)
+
+    def _begin_attempt(
+        self, rank: int, world_size: int, steps_done: int, wait: bool = False, **facts
+    ) -> None:
+        """Rank 0: a new worker group started after `steps_done` steps. `wait`: until the run log has it
+        (at most 10 s), so that the facts every rank sends after the next collective land in this attempt."""
+        import ray
+
+        self.rank, self.world_size, self.started = rank, world_size, True
+        if rank == 0:  # calls from one process reach the actor in order: the attempt before its steps
+            begun = self.watch.run_log.start_attempt.remote(steps_done, world_size, **facts)
+            if wait:
+                ray.get(begun, timeout=10)
+
+    def _send_facts(self, facts: dict, fetched=None) -> None:
+        """What this rank measured at its attempt's first step, its Ray node, and what it read to resume."""
         import ray
 
         from .storage import take_last_fetch
 
-        self.rank, self.world_size, self.started = rank, world_size, True
+        self.started = True
         self.facts = {"node_id": ray.get_runtime_context().get_node_id(), **facts}
-        log = self.watch.run_log
-        if rank == 0:  # calls from one process reach the actor in order: the attempt before its steps
-            log.start_attempt.remote(steps_done, world_size)
-        log.rank_facts.remote(rank, self.facts)
         if fetched := fetched or take_last_fetch():  # what this worker read of the checkpoint it resumed from
-            log.checkpoint_fetched.remote(rank, *fetched)
+            self.facts.update(resume_bytes=fetched[0], checkpoint_bytes=fetched[1])
+            self.watch.run_log.checkpoint_fetched.remote(self.rank, *fetched)
+        self.watch.run_log.rank_facts.remote(self.rank, self.facts)
 
     def _more_facts(self, **facts) -> None:
         self.facts.update(facts)
@@ -143,9 +160,10 @@ class _Watching:
         dist.all_reduce(value)  # a sum: gloo has no average
         return value.item() / self.world_size
 
-    def _log(self, step: int, loss: float, **shown) -> None:
+    def _log(self, step: int, loss: float, seconds: float | None = None, **shown) -> None:
         if self.rank == 0:
-            self._safely("the run log", lambda: self.watch.run_log.log.remote(step, loss, **shown))
+            log = self.watch.run_log.log
+            self._safely("the run log", lambda: log.remote(step, loss, _seconds=seconds, **shown))
 
     def _safely(self, what: str, call, *args):
         try:
@@ -165,26 +183,101 @@ class _Watching:
 
 class Observer(_Watching):
     """For a plain training loop, in each worker: `step(step, loss)` once per optimizer step, on every rank
-    (the loss average is a collective). `model`, what the loop trains, for the facts measured at the
-    attempt's first step: a DeepSpeed engine's share of the partitioned state and the bytes it holds."""
+    (the loss average is a collective).
 
-    def __init__(self, watch: Watch, model=None) -> None:
+    `model` and `optimizer`, what the loop trains, for what is measured at the attempt's first step: a
+    DeepSpeed engine's share of the partitioned state and the bytes it holds; for a model of `DTensor`
+    shards (FSDP2), its share of the parameters, the bytes of its weights, optimizer state and gradients
+    (seen by an optimizer pre-step hook, after every micro-step has accumulated), and the micro-steps per
+    step (a forward pre-hook counts them). Frozen parameters (a LoRA base) are fingerprinted here and
+    checked at the run's last step: `frozen_tensors_changed`. `facts`: more of this rank's, as they are.
+    Each step's seconds, from one `step` call to the next, go to the run log."""
+
+    def __init__(self, watch: Watch, model=None, optimizer=None, **facts) -> None:
+        import time
+
         import ray.train
 
         context = ray.train.get_context()
         self._watch(watch)
-        self.model, self.rank, self.world_size = model, context.get_world_rank(), context.get_world_size()
+        self.model, self.optimizer, self.given = model, optimizer, facts
+        self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self.micro_steps, self.grad_bytes, self.frozen = 0, None, None
+        self._safely("watching the model", self._hook)
+        self.last = time.perf_counter()
+
+    def _hook(self) -> None:
+        if self.model is None or hasattr(self.model, "zero_optimization_stage"):
+            return
+        from .fsdp import frozen_fingerprint
+
+        self.model.register_forward_pre_hook(self._count)
+        if self.optimizer is not None:
+            self._pre_step = self.optimizer.register_step_pre_hook(self._gradients)
+        if any(not p.requires_grad for p in self.model.parameters()):
+            self.frozen = frozen_fingerprint(self.model)
+
+    def _count(self, module, args) -> None:
+        self.micro_steps += 1
+
+    def _gradients(self, optimizer, args, kwargs) -> None:  # once, before the attempt's first update
+        from .fsdp import gradient_bytes
+
+        self._pre_step.remove()
+        self.grad_bytes = self._safely("measuring the gradients", gradient_bytes, self.model)
+
+    def _facts(self) -> dict:
+        facts = _model_facts(self.model)
+        if self.model is not None and "partition_fraction" not in facts:
+            import torch
+
+            from .flops import dense_peak_flops
+            from .plan import state_bytes
+
+            params = list(self.model.parameters())
+            total = sum(p.numel() for p in params)  # a DTensor's numel() is the whole parameter's
+            local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
+            facts = {
+                "num_params": total,
+                "trainable_params": sum(p.numel() for p in params if p.requires_grad),
+                "shard_fraction": local / total,
+                "threads": torch.get_num_threads(),
+                "peak_flops": dense_peak_flops(params[0].device, torch.bfloat16),  # None: not a known GPU
+            }
+            if self.optimizer is not None:
+                facts["state_bytes"] = {
+                    **state_bytes(self.model, self.optimizer),
+                    "grad_bytes": self.grad_bytes,
+                }
+        return {**facts, **self.given}
 
     def step(self, step: int, loss, **shown) -> float:
         """Step `step` (counted from 1 over the whole run) ended with this worker's `loss` (a tensor);
         `shown` (e.g. `lr=...`) goes on its progress line and to MLflow. Returns the loss averaged over the
         workers."""
-        if not self.started:
-            facts = self._safely("measuring the model", _model_facts, self.model) or {}
-            self._safely("the run log", self._start, self.rank, self.world_size, step - 1, facts)
+        import time
+
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        micro_steps, self.micro_steps = self.micro_steps, 0
+        first = not self.started
+        if first:  # rank 0 first: every rank's facts, sent after the loss average below, land in this attempt
+            counted = {"micro_steps": micro_steps} if micro_steps else {}
+            begin = self._begin_attempt
+            self._safely("the run log", lambda: begin(self.rank, self.world_size, step - 1, True, **counted))
         self._safely("the planned kill", self._kill_if_due, self.rank, step)
         value = self._average(loss)
-        self._log(step, value, **shown)
+        if first:
+            facts = self._safely("measuring the model", self._facts) or dict(self.given)
+            self._safely("the run log", self._send_facts, facts)
+        if self.frozen is not None and step == self.watch.total_steps:
+            from .fsdp import frozen_tensors_changed
+
+            changed = self._safely(
+                "checking the frozen weights", frozen_tensors_changed, self.model, self.frozen
+            )
+            self._safely("the run log", lambda: self._more_facts(frozen_tensors_changed=changed))
+        self._log(step, value, seconds=seconds, **shown)
         return value
 
 

@@ -388,6 +388,7 @@ def dcp_reader(filesystem, path: str):
     reader = RangeReader(path)
     reader.fs = _torch_fsspec_filesystem(filesystem)
     reader.path = path
+    _LAST_READ[:] = [reader, filesystem, path]  # for this worker's observer: what resuming read
     return reader
 
 
@@ -445,12 +446,18 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
 
 
 _LAST_FETCH: list[int] = []  # (bytes fetched, checkpoint bytes) of this process's last checkpoint_folder
+_LAST_READ: list = []  # (reader, filesystem, path) of this process's last dcp_reader
 
 
 def take_last_fetch() -> tuple[int, int] | None:
-    """What this process's last `checkpoint_folder` fetched, once: (bytes fetched, the checkpoint's bytes)."""
+    """What this process's last `checkpoint_folder` fetched, or its last `dcp_reader` read, once: (bytes
+    fetched, the checkpoint's bytes)."""
     got = tuple(_LAST_FETCH) or None
+    if got is None and _LAST_READ:
+        reader, fs, path = _LAST_READ
+        got = (reader.bytes_read, sum(_file_sizes(fs, path).values()))
     _LAST_FETCH.clear()
+    _LAST_READ.clear()
     return got
 
 

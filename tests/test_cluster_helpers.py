@@ -130,13 +130,13 @@ def test_run_log_prints_a_line_per_interval_and_the_restart():
 def test_run_log_keeps_each_attempts_world_size_and_says_when_it_changes():
     # An elastic run (the Llama notebook's MIN_WORKERS): 2 workers, 1 after a node is lost, 2 again.
     log = RunLog(total_steps=9, print_every=3)
-    log.start_attempt(0, world_size=2, micro_steps=2, tokens_per_step=512)
+    log.start_attempt(0, world_size=2, micro_steps=2)
+    log.log(1, 6.0, _seconds=1.5)
+    log.start_attempt(0, world_size=1, micro_steps=4)
     log.log(1, 6.0)
-    log.start_attempt(0, world_size=1, micro_steps=4, tokens_per_step=512)
-    log.log(1, 6.0)
-    log.start_attempt(
-        6, world_size=2, micro_steps=2, tokens_per_step=512, resume_bytes_per_rank=[5, 5], checkpoint_bytes=9
-    )
+    log.start_attempt(6, world_size=2, micro_steps=2)
+    for rank in (1, 0):  # what each rank read to resume, as its observer says (in no particular order)
+        log.rank_facts(rank, {"node_id": f"n{rank}", "resume_bytes": 5, "checkpoint_bytes": 9})
     assert (
         log.lines[0]
         == "Ray Train started a new worker group of 1 worker (was 2) (attempt 2); it resumes from the start: no checkpoint had been reported yet"
@@ -151,7 +151,9 @@ def test_run_log_keeps_each_attempts_world_size_and_says_when_it_changes():
         (1, 0, 4),
         (2, 6, 2),
     ]
-    assert attempts[0]["losses"] == {"1": 6.0} and attempts[2]["resume_bytes_per_rank"] == [5, 5]
+    assert attempts[0]["losses"] == {"1": 6.0} and attempts[0]["step_seconds"] == {"1": 1.5}
+    assert attempts[2]["resume_bytes_per_rank"] == [5, 5] and attempts[2]["checkpoint_bytes"] == 9
+    assert [r["node_id"] for r in attempts[2]["ranks"]] == ["n0", "n1"] and attempts[0]["ranks"] == []
 
 
 def test_show_progress_prints_every_line_once_in_order(capsys):
