@@ -104,8 +104,9 @@ def _check_min_workers(notebook: str, p: dict) -> None:
         too_big = [r for r in plan.rows if r.status == "too big"]
         if too_big:
             lora = (
-                " Or set LORA_RANK (e.g. 16): a frozen base takes 2 bytes per parameter, not 16."
-                if p.get("LORA_RANK") == 0
+                " Or train LoRA adapters (the llama_lora notebook): a frozen base takes 2 bytes per "
+                "parameter, not 16."
+                if notebook == "llama_fsdp"
                 else ""
             )
             rows = "; ".join(
@@ -181,19 +182,28 @@ def _dolly(p: dict) -> None:
     _common(p)  # the steps per epoch are known once the data is: the training cell checks the kill step
 
 
+def _llama_fsdp(p: dict) -> None:
+    check_int("RESIZE_CHECK_S", p["RESIZE_CHECK_S"], minimum=1, maximum=3600)
+    _llama(p)
+
+
+def _llama_lora(p: dict) -> None:
+    check_int("LORA_RANK", p["LORA_RANK"], minimum=1)
+    check_positive("LORA_ALPHA", p["LORA_ALPHA"])
+    check_choice("LORA_MERGED", p["LORA_MERGED"], [True, False])
+    _llama(p)
+
+
 def _llama(p: dict) -> None:
+    """What both Llama notebooks check: the recipe's numbers."""
     check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=16)
     check_int("MAX_STEPS", p["MAX_STEPS"], minimum=1)
     check_int("GRADIENT_ACCUMULATION_STEPS", p["GRADIENT_ACCUMULATION_STEPS"], minimum=1)
     check_int("LOGGING_STEPS", p["LOGGING_STEPS"], minimum=1)
     check_int("SAVE_STEPS", p["SAVE_STEPS"], minimum=1)
     check_int("COLLECTIVE_TIMEOUT_S", p["COLLECTIVE_TIMEOUT_S"], minimum=60, maximum=7 * 24 * 3600)
-    check_int("RESIZE_CHECK_S", p["RESIZE_CHECK_S"], minimum=1, maximum=3600)
     check_choice("USE_FLASH_ATTN", p["USE_FLASH_ATTN"], [True, False])
     check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False])
-    check_int("LORA_RANK", p["LORA_RANK"], minimum=0)
-    check_positive("LORA_ALPHA", p["LORA_ALPHA"])
-    check_choice("LORA_MERGED", p["LORA_MERGED"], [True, False])
     for name in ("WEIGHT_DECAY", "WARMUP_RATIO"):
         value = p[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -263,7 +273,7 @@ def _plan_llama(p: dict) -> dict:
         foreach_optimizer=False,  # the training function's AdamW(foreach=False)
         separate_embeddings=True,  # shard_model wraps the embeddings and the head as FSDP units of their own
         reduce_bytes=2,  # MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
-        lora_rank=p.get("LORA_RANK", 0),  # > 0: adapters over a frozen bf16 base ("Going further: LoRA")
+        lora_rank=p.get("LORA_RANK", 0),  # > 0: adapters over a frozen bf16 base (the llama_lora notebook)
         lora_merged=p.get("LORA_MERGED", False),  # and a merged model exported next to the adapter
         fixes={
             "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN, "
@@ -277,7 +287,8 @@ def _plan_llama(p: dict) -> dict:
 NOTEBOOKS: dict[str, tuple[Callable[[dict], None], Callable[[dict], dict] | None]] = {
     "gpt2_deepspeed": (_gpt2, _plan_gpt2),
     "dolly_lightning_fsdp": (_dolly, _plan_dolly),
-    "llama_fsdp": (_llama, _plan_llama),
+    "llama_fsdp": (_llama_fsdp, _plan_llama),
+    "llama_lora": (_llama_lora, _plan_llama),
     "glue_text_classification": (_glue, None),
 }
 
@@ -395,7 +406,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     )
     nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
     where = f"; every node ({nodes}) can write to the bucket" if nodes else ""
-    if notebook == "llama_fsdp":
+    if notebook in ("llama_fsdp", "llama_lora"):
         seconds = prefetch_model_on_nodes("MODEL_NAME", p["MODEL_NAME"], p["USE_GPU"])
         if seconds:
             where += f"; the weights are on {len(seconds)} node(s), slowest {max(seconds.values()):.0f} s"

@@ -87,6 +87,10 @@ _names: list[str] = []  # the parameters, as `check_parameter_names` found them
 # Parameters of another notebook that a notebook without them refuses with its own reason, not as unknown
 # (`helpers.checks`: MIN_WORKERS, for the notebooks that cannot continue on fewer workers).
 REFUSED_WITH_A_REASON = {"MIN_WORKERS"}
+# Parameters that belong to another notebook now: the hint an unknown-name error gives instead of a guess.
+ELSEWHERE = {
+    name: "LoRA has its own notebook, llama_lora" for name in ("LORA_RANK", "LORA_ALPHA", "LORA_MERGED")
+}
 
 
 def check_parameter_names(namespace: dict) -> list[str]:
@@ -105,7 +109,10 @@ def check_parameter_names(namespace: dict) -> list[str]:
         for name in unknown:
             guess = RENAMED.get(name) if RENAMED.get(name) in known else None
             guess = guess or next(iter(difflib.get_close_matches(name, known, n=1)), None)
-            hints.append(f"{name} (did you mean {guess}?)" if guess else name)
+            if name in ELSEWHERE:
+                hints.append(f"{name} ({ELSEWHERE[name]})")
+            else:
+                hints.append(f"{name} (did you mean {guess}?)" if guess else name)
         raise ParameterError(
             f"Unknown parameter{'s' if len(unknown) > 1 else ''} passed to this notebook: {', '.join(hints)}. "
             f"Its parameters are: {', '.join(known)}."

@@ -395,6 +395,7 @@ SMOKE_BUDGET_S = {
     "dolly_lightning_fsdp": 200,
     "glue_text_classification": 160,
     "llama_fsdp": 330,
+    "llama_lora": 200,  # not yet measured through JupyterLab: the LoRA papermill run's budget
 }
 
 
@@ -451,7 +452,13 @@ def smoke_nbval(name: str, results_dir: Path, cluster: Mapping[str, str]) -> tup
 
 # ---- JupyterLab: the notebook as its first user runs it -------------------------------------------
 
-ALL_NOTEBOOKS = ("gpt2_deepspeed", "dolly_lightning_fsdp", "llama_fsdp", "glue_text_classification")
+ALL_NOTEBOOKS = (
+    "gpt2_deepspeed",
+    "dolly_lightning_fsdp",
+    "llama_fsdp",
+    "llama_lora",
+    "glue_text_classification",
+)
 LAB_ARTIFACTS = ARTIFACTS / "jupyterlab"  # <notebook>.png (the page), .txt (each cell's outputs), -server.log
 # The time from "Run All Cells" to the last cell is bounded by the notebook's SMOKE_BUDGET_S; the server's and
 # Chromium's start (measured: 5-10 s) and the kernel's (2-4 s) come on top of it.
@@ -1043,6 +1050,7 @@ TRACKED_LOSS = {
     "gpt2_deepspeed": "loss",
     "dolly_lightning_fsdp": "loss",  # the observer's, averaged over the workers
     "llama_fsdp": "loss",
+    "llama_lora": "loss",
 }
 
 

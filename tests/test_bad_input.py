@@ -222,6 +222,7 @@ IN_A_KERNEL = {
     ("dolly_lightning_fsdp", "full_scale_plans_then_needs_the_hub"),
     ("llama_fsdp", "misspelt_name"),
     ("llama_fsdp", "full_scale_plans_then_needs_the_hub"),
+    ("llama_lora", "lora_rank_0"),
 }
 
 
@@ -279,6 +280,7 @@ def rejections(ray_cluster):
             ("glue_text_classification", GLUE_CASES),
             ("dolly_lightning_fsdp", DOLLY_CASES),
             ("llama_fsdp", LLAMA_CASES),
+            ("llama_lora", LORA_CASES),
         )
         for case, (params, _, _) in table.items()
     ]
@@ -407,7 +409,7 @@ LLAMA_CASES = {
     "min_workers_that_cannot_fit": (
         {"MIN_WORKERS": 8},
         "ParameterError",
-        ["MIN_WORKERS=8", "does not fit", "training (A100-80GB GPU)", "LORA_RANK"],
+        ["MIN_WORKERS=8", "does not fit", "training (A100-80GB GPU)", "llama_lora"],
     ),
 }
 
@@ -416,6 +418,18 @@ LLAMA_CASES = {
 @pytest.mark.parametrize("case", list(LLAMA_CASES))
 def test_llama_rejects(case, rejections):
     _check_rejected(rejections, "llama_fsdp", case, *LLAMA_CASES[case])
+
+
+# The LoRA notebook: rank 0 would be full fine-tuning, which is the other notebook's.
+LORA_CASES = {
+    "lora_rank_0": ({"SMOKE_TEST": True, "LORA_RANK": 0}, "ParameterError", ["LORA_RANK=0", "at least 1"]),
+}
+
+
+@pytest.mark.timeout(RUN_BUDGET_S + 10)
+@pytest.mark.parametrize("case", list(LORA_CASES))
+def test_llama_lora_rejects(case, rejections):
+    _check_rejected(rejections, "llama_lora", case, *LORA_CASES[case])
 
 
 # What each full-scale plan printed before the notebook stopped at the Hub: its GPU row and status.

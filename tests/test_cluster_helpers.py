@@ -45,13 +45,14 @@ PARAMETERS_CELL = (
 
 def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
     # IPython's `In`: the parameters cell, then the cell papermill injects after it.
-    injected = "# Parameters\nBATCH_SIZE = 4\nMAX_STEP = 8\nSMOKE_TEST = True\n"
+    injected = "# Parameters\nBATCH_SIZE = 4\nMAX_STEP = 8\nLORA_RANK = 8\nSMOKE_TEST = True\n"
     monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected])
     with pytest.raises(helpers.ParameterError) as error:
         helpers.check_parameter_names({})
     message = str(error.value)
     assert "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)" in message  # a renamed parameter
     assert "MAX_STEP (did you mean MAX_STEPS?)" in message  # a misspelt one
+    assert "LORA_RANK (LoRA has its own notebook, llama_lora)" in message  # one that moved
     assert "Its parameters are: BATCH_SIZE_PER_WORKER, MAX_STEPS, SMOKE_TEST, RESULTS_PATH." in message
 
 

@@ -1,7 +1,5 @@
-"""The Llama notebook with LoRA (`LORA_RANK=8`), in smoke mode on the test cluster: adapters over a frozen
-bf16 base, the same FSDP2 recipe, adapter checkpoints that resume, and a PEFT adapter folder as the export.
-
-One papermill run, as a batch job passes the parameter; the full fine-tuning lesson is test_llama_fsdp.py's.
+"""The LoRA notebook (`llama_lora`), in smoke mode on the test cluster: adapters over a frozen bf16 base,
+the FSDP2 recipe of `llama_fsdp`, adapter checkpoints that resume, and a PEFT adapter folder as the export.
 """
 
 from __future__ import annotations
@@ -18,22 +16,14 @@ from notebook_runs import (
     last_checkpoint_before,
 )
 
-NAME = "llama_fsdp"
-RANK = 8
-# Half the lesson's smoke run, each step two micro-steps of 1 sequence per worker (the lesson's run takes
-# 2 sequences at once): the same global batch, through gradient accumulation.
-SHORT = {
-    "MAX_STEPS": 12,
-    "SAVE_STEPS": 4,
-    "KILL_WORKER_AT_STEP": 7,
-    "BATCH_SIZE_PER_WORKER": 1,
-    "GRADIENT_ACCUMULATION_STEPS": 2,
-}
-# Steps 5-6 run twice after the kill at step 7 (measured: 0.0 difference, as for full fine-tuning).
-# One run: 64-82 s of the session on the two-node cluster with these settings, the tracking server up (fresh
-# clones, 2026-11-24/25): LORA_UNDISTURBED_S. With it stopped the run must end within a minute of that.
-# Its budget, twice that and more (beside another run on 2 cores it took 138 s, 180 s with a CPU hog: such
-# overlaps were tried and dropped, they saved 14 s of 880):
+NAME = "llama_lora"
+RANK = 8  # smoke mode's LORA_RANK
+# Smoke mode's run: 12 steps of 2 micro-steps of 1 sequence per worker, a checkpoint every 4 steps, rank 1
+# killed at step 7; steps 5-6 run twice after it (measured: 0.0 difference, as for full fine-tuning).
+# One run: 64-82 s of the session on the two-node cluster, the tracking server up (fresh clones,
+# 2026-11-24/25, as the Llama notebook's LoRA run): LORA_UNDISTURBED_S. With it stopped the run must end
+# within a minute of that. Its budget, twice that and more (beside another run on 2 cores it took 138 s,
+# 180 s with a CPU hog):
 REPLAY_TOLERANCE = 1e-4
 LORA_BUDGET_S = 200
 LORA_UNDISTURBED_S = 82
@@ -43,10 +33,10 @@ LORA_UNDISTURBED_S = 82
 def lora_run(ray_cluster):
     """The LoRA run, with the cluster's tracking server stopped from its first logged step to its end: no
     worker calls MLflow, so training must not notice (the other notebook runs check what MLflow records)."""
-    parameters = {"SMOKE_TEST": True, "LORA_RANK": RANK, "LORA_MERGED": True, **SHORT}
+    parameters = {"SMOKE_TEST": True, "LORA_MERGED": True}
     with TrackingStopped(NAME) as tracking:
         results, wall, error = execute(
-            NAME, parameters, f"lora{RANK}", cluster=ray_cluster, budget_s=LORA_BUDGET_S
+            NAME, parameters, "tracking_stopped", cluster=ray_cluster, budget_s=LORA_BUDGET_S
         )
     assert tracking.stopped.is_set(), "the run logged no loss to MLflow: the server was never stopped"
     assert error is None, error
@@ -72,6 +62,7 @@ def test_lora_trains_only_the_adapters(lora_run):
     # and the most gradient memory during a step of two accumulated micro-steps, each reduce-scattered
     # (measured: exact; with sync skipped, FSDP2 would hold whole gradients: test_fsdp_helpers.py).
     assert results["parameters"]["GRADIENT_ACCUMULATION_STEPS"] == 2
+    assert results["parameters"]["LORA_RANK"] == RANK
     assert results["plan"]["lora_params"] == results["trainable_params"]
     check_plan_matches_shards(results, tolerance=0.02)
     print(f"LoRA run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
@@ -167,9 +158,9 @@ def test_a_stopped_tracking_server_costs_no_training_step(lora_run, ray_cluster)
     import json
 
     results, wall = lora_run
-    assert len(results["losses"]) == SHORT["MAX_STEPS"] and results["kill"]["restarts"] == 1
+    assert len(results["losses"]) == results["parameters"]["MAX_STEPS"] and results["kill"]["restarts"] == 1
     assert wall < LORA_UNDISTURBED_S + 60, f"{wall:.0f} s with the tracking server stopped"
-    executed = json.loads((ARTIFACTS / "notebooks" / f"{NAME}-lora{RANK}.ipynb").read_text())
+    executed = json.loads((ARTIFACTS / "notebooks" / f"{NAME}-tracking_stopped.ipynb").read_text())
     printed = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", []))
     warnings = [line for line in printed.splitlines() if line.startswith("warning: MLflow")]
     assert len(warnings) == 1 and ray_cluster["MLFLOW_TRACKING_URI"] in warnings[0], warnings
