@@ -52,7 +52,7 @@ def fsdp_strategy_class():
     import torch
     from ray.train.lightning import RayFSDPStrategy
 
-    from .storage import StoredFolder, dcp_reader
+    from .storage import StoredFolder
 
     class ShardedRayFSDPStrategy(RayFSDPStrategy):
         def __init__(self, *args, state_dict_type: str = "sharded", **kwargs):
@@ -82,34 +82,7 @@ def fsdp_strategy_class():
                 return super().load_checkpoint(checkpoint_path, weights_only)
 
         def _load_where_stored(self, folder: StoredFolder, weights_only) -> dict[str, Any]:
-            # Lightning's sharded branch of `FSDPStrategy.load_checkpoint`, with `dcp_reader` for its
-            # local FileSystemReader.
-            from lightning.fabric.strategies.fsdp import _get_sharded_state_dict_context
-            from lightning.pytorch.trainer.states import TrainerFn
-            from torch.distributed.checkpoint import load
-            from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-            reader = dcp_reader(folder.filesystem, folder.path)
-            with _get_sharded_state_dict_context(self.model):
-                module_state = {"model": self.model.state_dict()}
-                load(module_state, storage_reader=reader)
-                self.model.load_state_dict(module_state["model"], strict=self.lightning_module.strict_loading)
-                if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
-                    for idx, optimizer in enumerate(self.optimizers):
-                        key = f"optimizer_{idx}"
-                        state = load_sharded_optimizer_state_dict(
-                            model_state_dict=module_state["model"], optimizer_key=key, storage_reader=reader
-                        )
-                        flat = FSDP.optim_state_dict_to_load(
-                            optim_state_dict=state[key], model=self.model, optim=optimizer
-                        )
-                        optimizer.load_state_dict(flat)
-            # The rest of the trainer's state (loops, callbacks, hyperparameters): Lightning's `meta.pt`.
-            with folder.filesystem.open_input_file(f"{folder.path}/meta.pt") as f:
-                meta = f.read()
-            folder.bytes_read = reader.bytes_read + len(meta)
-            return torch.load(io.BytesIO(meta), weights_only=weights_only)
+            return _load_sharded_in_place(self, folder, weights_only)
 
         def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
             if self.root_device.type != "cpu":
@@ -129,6 +102,43 @@ def fsdp_strategy_class():
             return model
 
     return ShardedRayFSDPStrategy
+
+
+def _load_sharded_in_place(self, folder, weights_only) -> dict[str, Any]:
+    """`ShardedRayFSDPStrategy.load_checkpoint` of a `StoredFolder`: each rank reads its byte ranges where
+    the checkpoint is stored."""
+    import torch
+
+    # Lightning's sharded branch of `FSDPStrategy.load_checkpoint`, with `dcp_reader` for its
+    # local FileSystemReader.
+    from lightning.fabric.strategies.fsdp import _get_sharded_state_dict_context
+    from lightning.pytorch.trainer.states import TrainerFn
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from .storage import dcp_reader
+
+    reader = dcp_reader(folder.filesystem, folder.path)
+    with _get_sharded_state_dict_context(self.model):
+        module_state = {"model": self.model.state_dict()}
+        load(module_state, storage_reader=reader)
+        self.model.load_state_dict(module_state["model"], strict=self.lightning_module.strict_loading)
+        if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
+            for idx, optimizer in enumerate(self.optimizers):
+                key = f"optimizer_{idx}"
+                state = load_sharded_optimizer_state_dict(
+                    model_state_dict=module_state["model"], optimizer_key=key, storage_reader=reader
+                )
+                flat = FSDP.optim_state_dict_to_load(
+                    optim_state_dict=state[key], model=self.model, optim=optimizer
+                )
+                optimizer.load_state_dict(flat)
+    # The rest of the trainer's state (loops, callbacks, hyperparameters): Lightning's `meta.pt`.
+    with folder.filesystem.open_input_file(f"{folder.path}/meta.pt") as f:
+        meta = f.read()
+    folder.bytes_read = reader.bytes_read + len(meta)
+    return torch.load(io.BytesIO(meta), weights_only=weights_only)
 
 
 def param_shard_fraction(wrapped_model, total_numel: int) -> float:

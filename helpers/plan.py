@@ -384,85 +384,176 @@ def plan_training(
     if vocab_size:  # rows added for new tokens (Llama's chat tokens)
         extra = (vocab_size - size.vocab) * size.hidden * 2
         size = replace(size, params=size.params + extra, root=size.root + extra)
-    p, n = size.params, num_workers
-    on_gpu = cluster is not None
-    if on_gpu:
-        unknown = sorted(set(cluster) - set(NODE_TYPES))
-        if unknown:
-            raise ParameterError(f"CLUSTER: unknown node type(s) {unknown}; known: {sorted(NODE_TYPES)}.")
-        gpu_nodes = [
-            NODE_TYPES[t] for t, count in cluster.items() for _ in range(count) if NODE_TYPES[t].gpus
-        ]
-        gpus = sum(node.gpus for node in gpu_nodes)
-        if gpus < n:
-            raise ParameterError(
-                f"NUM_WORKERS={n} needs {n} GPUs; CLUSTER={cluster} has {gpus}. "
-                "Lower NUM_WORKERS or add nodes to CLUSTER."
-            )
-        # The node that fits worst: the least host RAM per GPU (rank 0 can land on any GPU node).
-        node = min(gpu_nodes, key=lambda t: (t.memory / t.gpus, t.disk / t.gpus))
-        per_node, nodes = min(node.gpus, n), math.ceil(n / node.gpus)
-        device_have, act_bytes = node.gpu_memory, 2
-    else:
-        node, per_node, nodes = local_node(), n, 1
-        device_have, act_bytes = node.memory // n, 4  # CPU workers share this machine's RAM
-
     lora = lora_size(config, lora_rank) if lora_rank else None
     if lora and sharding != "fsdp":
         raise ValueError("lora_rank needs sharding='fsdp'")
-    details: dict[str, int] = {"params": p, "largest_layer": size.largest_layer}
+    run = _Run(
+        size=size,
+        n=num_workers,
+        lora=lora,
+        stored=_stored_bytes(config),
+        **_placement(cluster, num_workers),
+    )
+    details: dict[str, int] = {"params": size.params, "largest_layer": size.largest_layer}
     if lora:
         details["lora_params"] = lora.params
+    act_bytes = 2 if run.on_gpu else 4
     activations = _activations(size, batch_size, seq_len, act_bytes, activation_checkpointing)
     logits = batch_size * seq_len * size.vocab * (2 + 4 + 4)
-    activations_and_logits = activations + logits
-    host = 0  # per node, beyond the workers' processes
     if sharding == "fsdp":
-        offloaded = offload != "none"
-        # What is trained: the whole model, or (LoRA) the adapters over a frozen bf16 base.
-        trained, trained_layer = (lora.params, lora.largest_layer) if lora else (p, size.largest_layer)
-        trained_tensor = lora.largest_tensor if lora else size.largest_tensor
-        base = 2 * p if lora else 0  # the frozen base's bf16 shards
-        details["param_bytes_per_rank"] = (base + 4 * trained) // n
-        details["optimizer_bytes_per_rank"] = 8 * trained // n
-        details["grad_bytes_per_rank"] = 4 * trained // n  # fp32, reduce-scattered every micro-step
-        shards = (base + 16 * trained) // n  # fp32 weights, gradients and AdamW moments: this rank's share
-        # Forward/backward: two layers gathered, and the root unit; one layer's gradients, whole, in the
-        # gathered dtype and in fp32 for the reduce-scatter; the root's gradients, whole until the end.
-        root = size.largest_tensor if separate_embeddings else size.root
-        root_grads = 0 if separate_embeddings or lora else size.root * gather_bytes  # LoRA: frozen
-        layer_grads = (gather_bytes + reduce_bytes) * trained_layer
-        layer = size.largest_layer + (lora.largest_layer if lora else 0)
-        working = (2 * layer + root) * gather_bytes + layer_grads + root_grads
-        # torch's default (foreach) AdamW step allocates a temporary the size of the weights it updates.
-        step = 4 * trained // n if foreach_optimizer else 4 * trained_tensor // n
-        details["optimizer_step_temporary_bytes"] = step
-        device = (
-            working + activations_and_logits
-            if offloaded
-            else shards + max(working + activations_and_logits, step)
-        )
-        host += (shards + step) * per_node if offloaded else 0  # the step runs on the CPU
+        device, host, model_terms = _fsdp_device(
+            run, activations + logits, gather_bytes, reduce_bytes, offload, foreach_optimizer,
+            separate_embeddings, details,
+        )  # fmt: skip
     else:
-        stage = int(sharding.removeprefix("zero"))
-        if stage == 0:  # plain data parallel: DeepSpeed's count, nothing partitioned
-            device, cpu = 18 * p, 0
-        else:
-            device, cpu = _zero_model_states(size, stage, max(per_node, 1), nodes, offload)
-        if stage in (1, 2):  # the gradient reduction buckets, two with overlap_comm (the notebook's)
-            device += 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
-        device += activations_and_logits
-        host += cpu if offload != "none" else 0
-        shard = p // n if stage == 3 else p
-        details["param_bytes_per_rank"] = 2 * shard  # ZeRO's bf16/fp16 weights
-        details["optimizer_bytes_per_rank"] = 12 * p // (n if stage else 1)  # fp32 master weights, 2 moments
-    if on_gpu:
-        device = int(device * (1 + ALLOCATOR_RESERVE)) + CUDA_OVERHEAD + NCCL_BUFFERS
+        device, host, model_terms = _zero_device(run, int(sharding.removeprefix("zero")), activations + logits,
+                                                 gather_bytes, offload, details)  # fmt: skip
+    if run.on_gpu:
+        reserve = int(device * ALLOCATOR_RESERVE) + CUDA_OVERHEAD + NCCL_BUFFERS
+        device += reserve
+        model_terms += f" + CUDA context, NCCL and allocator {_gb(reserve)}"
     details.update(activation_bytes=activations, logits_bytes=logits, device_bytes=device)
+    if not run.on_gpu:  # the workers' devices are this machine's RAM too
+        host += device * run.n
+    rows = [
+        Row(
+            f"training ({run.device_name})",
+            run.where_device,
+            device,
+            run.device_have or None,
+            fixes.get("gpu", ""),
+            model_terms,
+        ),  # fmt: skip
+        *_host_and_disk_rows(
+            run, host, sharding, loading, checkpoint, export_bytes, num_to_keep, lora_merged, fixes, details
+        ),  # fmt: skip
+    ]
+    return Plan(title, rows, details)
 
+
+@dataclass(frozen=True)
+class _Run:
+    """What every part of a plan reads: the model's sizes, the workers, the node that fits worst."""
+
+    size: ModelSize
+    n: int  # workers
+    lora: LoraSize | None
+    stored: int  # bytes per parameter of the checkpoint as stored (its pages, memory-mapped while loading)
+    on_gpu: bool
+    node: NodeType
+    per_node: int  # workers on that node
+    nodes: int
+    device_have: int  # bytes of one worker's device (a GPU, or a CPU worker's share of RAM)
+    device_name: str
+    where_device: str
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:,.1f} GB"
+
+
+def _stored_bytes(config) -> int:
+    return {"float32": 4, "float64": 8}.get(str(config.dtype).removeprefix("torch."), 2)
+
+
+def _placement(cluster: dict[str, int] | None, n: int) -> dict:
+    """The node that fits worst (the least host RAM per GPU: rank 0 can land on any GPU node), how many
+    workers it holds, and what one worker's device has; on CPU, this machine shared by the workers."""
+    if cluster is None:
+        node = local_node()
+        return dict(on_gpu=False, node=node, per_node=n, nodes=1, device_have=node.memory // n,
+                    device_name="CPU worker's share of RAM", where_device="per CPU worker")  # fmt: skip
+    unknown = sorted(set(cluster) - set(NODE_TYPES))
+    if unknown:
+        raise ParameterError(f"CLUSTER: unknown node type(s) {unknown}; known: {sorted(NODE_TYPES)}.")
+    gpu_nodes = [NODE_TYPES[t] for t, count in cluster.items() for _ in range(count) if NODE_TYPES[t].gpus]
+    gpus = sum(node.gpus for node in gpu_nodes)
+    if gpus < n:
+        raise ParameterError(
+            f"NUM_WORKERS={n} needs {n} GPUs; CLUSTER={cluster} has {gpus}. "
+            "Lower NUM_WORKERS or add nodes to CLUSTER."
+        )
+    node = min(gpu_nodes, key=lambda t: (t.memory / t.gpus, t.disk / t.gpus))
+    return dict(on_gpu=True, node=node, per_node=min(node.gpus, n), nodes=math.ceil(n / node.gpus),
+                device_have=node.gpu_memory, device_name=f"{node.gpu} GPU", where_device="per GPU")  # fmt: skip
+
+
+def _fsdp_device(
+    run: _Run,
+    activations_and_logits: int,
+    gather_bytes: int,
+    reduce_bytes: int,
+    offload: str,
+    foreach_optimizer: bool,
+    separate_embeddings: bool,
+    details: dict,
+) -> tuple[int, int, str]:
+    """FSDP's bytes per worker's device, the host RAM its offload takes per node, and the terms."""
+    size, lora, n, p = run.size, run.lora, run.n, run.size.params
+    # What is trained: the whole model, or (LoRA) the adapters over a frozen bf16 base.
+    trained, trained_layer = (lora.params, lora.largest_layer) if lora else (p, size.largest_layer)
+    trained_tensor = lora.largest_tensor if lora else size.largest_tensor
+    base = 2 * p if lora else 0  # the frozen base's bf16 shards
+    details["param_bytes_per_rank"] = (base + 4 * trained) // n
+    details["optimizer_bytes_per_rank"] = 8 * trained // n
+    details["grad_bytes_per_rank"] = 4 * trained // n  # fp32, reduce-scattered every micro-step
+    shards = (base + 16 * trained) // n  # fp32 weights, gradients and AdamW moments: this rank's share
+    # Forward/backward: two layers gathered, and the root unit; one layer's gradients, whole, in the
+    # gathered dtype and in fp32 for the reduce-scatter; the root's gradients, whole until the end.
+    root = size.largest_tensor if separate_embeddings else size.root
+    root_grads = 0 if separate_embeddings or lora else size.root * gather_bytes  # LoRA: frozen
+    layer_grads = (gather_bytes + reduce_bytes) * trained_layer
+    layer = size.largest_layer + (lora.largest_layer if lora else 0)
+    working = (2 * layer + root) * gather_bytes + layer_grads + root_grads
+    # torch's default (foreach) AdamW step allocates a temporary the size of the weights it updates.
+    step = 4 * trained // n if foreach_optimizer else 4 * trained_tensor // n
+    details["optimizer_step_temporary_bytes"] = step
+    if offload != "none":  # the shards and the step on the CPU
+        terms = f"gathered layers {_gb(working)} + activations and logits {_gb(activations_and_logits)}"
+        return working + activations_and_logits, (shards + step) * run.per_node, terms
+    state = (
+        f"(2 B x params frozen bf16 base + 16 B x {lora.params:,} adapter params) / {n} workers"
+        if lora
+        else f"16 B x params / {n} workers (fp32 weights, gradients, AdamW moments)"
+    )
+    terms = (
+        f"{state} {_gb(shards)} + the larger of gathered layers and activations "
+        f"{_gb(working + activations_and_logits)}, optimizer step {_gb(step)}"
+    )
+    return shards + max(working + activations_and_logits, step), 0, terms
+
+
+def _zero_device(
+    run: _Run, stage: int, activations_and_logits: int, gather_bytes: int, offload: str, details: dict
+) -> tuple[int, int, str]:
+    """DeepSpeed ZeRO's bytes per worker's device (its own estimator), the host RAM an offload takes, and
+    the terms."""
+    p, n = run.size.params, run.n
+    if stage == 0:  # plain data parallel: DeepSpeed's count, nothing partitioned
+        states, cpu = 18 * p, 0
+    else:
+        states, cpu = _zero_model_states(run.size, stage, max(run.per_node, 1), run.nodes, offload)
+    if stage in (1, 2):  # the gradient reduction buckets, two with overlap_comm (the notebook's)
+        states += 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
+    details["param_bytes_per_rank"] = 2 * (p // n if stage == 3 else p)  # ZeRO's bf16/fp16 weights
+    details["optimizer_bytes_per_rank"] = 12 * p // (n if stage else 1)  # fp32 master weights, 2 moments
+    terms = (
+        f"ZeRO-{stage} model states and buffers {_gb(states)} (DeepSpeed's estimator) + activations and "
+        f"logits {_gb(activations_and_logits)}"
+    )
+    return states + activations_and_logits, cpu if offload != "none" else 0, terms
+
+
+def _host_and_disk_bytes(
+    run: _Run, sharding: str, loading: str, checkpoint: str, export_bytes: int, lora_merged: bool
+) -> dict[str, int]:
+    """The bytes of `_host_and_disk_rows`: per node while loading, at a checkpoint, to consolidate; on local
+    disk; in storage per checkpoint."""
+    from .storage import STREAM_FILE_BYTES
+
+    size, lora, n, per_node, stored, p = run.size, run.lora, run.n, run.per_node, run.stored, run.size.params
     # Loading holds the fp32 model and, while converting, the checkpoint's pages in its stored dtype
     # (safetensors are memory-mapped: RSS counts them). Measured in the Llama smoke run: within 1 %.
-    stored = {"float32": 4, "float64": 8}.get(str(config.dtype).removeprefix("torch."), 2)
     loaded = 2 if lora else 4  # LoRA: the frozen base in bf16, not fp32 master weights
     loads = (loaded + stored) * p * (per_node if loading == "every rank" else 1)
     saved = lora.params if lora else p  # a checkpoint holds what is trained, and its moments
@@ -471,8 +562,6 @@ def plan_training(
     checkpoint_bytes = 12 * saved + exported  # weights and moments in fp32 (+ the export)
     # Staged: every shard is copied to host RAM. Streamed: a rank holds one file's tensors until the file
     # is closed, and pyarrow queues that file's upload parts: at most twice the file size per rank.
-    from .storage import STREAM_FILE_BYTES
-
     streamed = 2 * min(STREAM_FILE_BYTES, 12 * saved // n) * per_node
     host_ckpt = 12 * saved // n * per_node if checkpoint == "staged" else streamed
     # Rank 0 gathers what it exports: the full fp32 model in place, or (LoRA) the fp32 adapters.
@@ -489,32 +578,34 @@ def plan_training(
     local_disk = (12 * p // n * per_node if sharded_state else 12 * p) if checkpoint == "staged" else 0
     local_disk += exported if export_bytes else 0  # rank 0 writes the export before it is uploaded
     local_disk += stored * size.params  # the Hub download, in each node's Hugging Face cache
+    return dict(
+        loaded=loaded, loads=loads, load_rank0=(loaded + stored) * p, checkpoint=checkpoint_bytes,
+        host_ckpt=host_ckpt, consolidate=consolidate, local_disk=local_disk,
+    )  # fmt: skip
+
+
+def _host_and_disk_rows(
+    run: _Run,
+    host: int,
+    sharding: str,
+    loading: str,
+    checkpoint: str,
+    export_bytes: int,
+    num_to_keep: int,
+    lora_merged: bool,
+    fixes: dict[str, str],
+    details: dict,
+) -> list[Row]:
+    """The rows after the device's: host RAM while loading, at a checkpoint and to consolidate (per node),
+    local disk, and the checkpoints in storage."""
+    from .storage import STREAM_FILE_BYTES
+
+    b = _host_and_disk_bytes(run, sharding, loading, checkpoint, export_bytes, lora_merged)
     details.update(
-        load_bytes_rank0=(loaded + stored) * p, checkpoint_bytes=checkpoint_bytes, local_disk_bytes=local_disk
+        load_bytes_rank0=b["load_rank0"], checkpoint_bytes=b["checkpoint"], local_disk_bytes=b["local_disk"]
     )
-    if not on_gpu:  # the workers' devices are this machine's RAM too
-        host += device * n
-    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731 - one line per term below
-    reserve = device - int((device - CUDA_OVERHEAD - NCCL_BUFFERS) / (1 + ALLOCATOR_RESERVE)) if on_gpu else 0
-    if sharding == "fsdp" and offload == "none" and lora:
-        model_terms = (
-            f"(2 B x params frozen bf16 base + 16 B x {lora.params:,} adapter params) / {n} workers "
-            f"{gb(shards)} + the larger of gathered layers and activations "
-            f"{gb(working + activations_and_logits)}, optimizer step {gb(step)}"
-        )
-    elif sharding == "fsdp" and offload == "none":
-        model_terms = (
-            f"16 B x params / {n} workers (fp32 weights, gradients, AdamW moments) {gb(shards)} + the larger of "
-            f"gathered layers and activations {gb(working + activations_and_logits)}, optimizer step {gb(step)}"
-        )
-    elif sharding == "fsdp":
-        model_terms = f"gathered layers {gb(working)} + activations and logits {gb(activations_and_logits)}"
-    else:
-        model_terms = (
-            f"ZeRO-{stage} model states and buffers {gb(device - activations_and_logits - reserve)} "
-            f"(DeepSpeed's estimator) + activations and logits {gb(activations_and_logits)}"
-        )
-    model_terms += f" + CUDA context, NCCL and allocator {gb(reserve)}" if on_gpu else ""
+    lora, n, per_node, stored, node = run.lora, run.n, run.per_node, run.stored, run.node
+    loaded, sharded_state = b["loaded"], sharding in ("fsdp", "zero3")
     loaders = f"{per_node} ranks" if loading == "every rank" else "rank 0"
     load_terms = (
         f"{loaders} x ({'bf16' if lora else 'fp32'} model + the stored checkpoint's pages) = "
@@ -525,70 +616,55 @@ def plan_training(
         if checkpoint == "staged"
         else f"streamed in files of {STREAM_FILE_BYTES / GiB:.0f} GiB: 2 files' worth x {per_node} ranks"
     )
+    staged = (
+        (f"staged shards 12 B x params / {n} x {per_node} ranks + " if sharded_state else "staged checkpoint 12 B x params + ")
+        if checkpoint == "staged"
+        else ""
+    )  # fmt: skip
     disk_terms = (
-        (
-            (
-                f"staged shards 12 B x params / {n} x {per_node} ranks + "
-                if sharded_state
-                else "staged checkpoint 12 B x params + "
-            )
-            if checkpoint == "staged"
-            else ""
-        )
+        staged
         + (f"export {export_bytes} B x params + " if export_bytes else "")
-        + f"Hub download {stored} B x params"
+        + (f"Hub download {stored} B x params")
     )
-    where_gpu = "per GPU" if on_gpu else "per CPU worker"
-    name = f"{node.gpu} GPU" if on_gpu else "CPU worker's share of RAM"
+    host_fix = fixes.get("host", "")
     rows = [
-        Row(f"training ({name})", where_gpu, device, device_have or None, fixes.get("gpu", ""), model_terms),
-        Row(
-            "host RAM while loading", "per node", host + loads, node.memory, fixes.get("host", ""), load_terms
-        ),
-        Row(
-            "host RAM at a checkpoint",
-            "per node",
-            host + host_ckpt,
-            node.memory,
-            fixes.get("host", ""),
-            ckpt_terms,
-        ),
+        Row("host RAM while loading", "per node", host + b["loads"], node.memory, host_fix, load_terms),
+        Row("host RAM at a checkpoint", "per node", host + b["host_ckpt"], node.memory, host_fix, ckpt_terms),
     ]
     if export_bytes:
-        rows.append(
-            Row(
-                "host RAM to consolidate (rank 0)",
-                "per node",
-                host + consolidate,
-                node.memory,
-                fixes.get("host", ""),
-                (
-                    f"rank 0 reads the base again to merge: {export_bytes + stored} B x params"
-                    if lora_merged
-                    else "rank 0 gathers the fp32 adapters, 4 B x adapter params"
-                )
-                if lora
-                else "rank 0 gathers the fp32 model, 4 B x params, converting a tensor at a time",
-            )
+        if not lora:
+            terms = "rank 0 gathers the fp32 model, 4 B x params, converting a tensor at a time"
+        elif lora_merged:
+            terms = f"rank 0 reads the base again to merge: {export_bytes + stored} B x params"
+        else:
+            terms = "rank 0 gathers the fp32 adapters, 4 B x adapter params"
+        rows.append(Row("host RAM to consolidate (rank 0)", "per node", host + b["consolidate"], node.memory,
+                        host_fix, terms))  # fmt: skip
+    if lora:
+        stored_terms = (
+            f"fp32 adapters and AdamW moments 12 B x {lora.params:,} adapter params + the adapter export"
+            + (f" + the merged model {export_bytes} B x params" if lora_merged else "")
         )
+    else:
+        stored_terms = f"fp32 weights and AdamW moments 12 B x params{f' + export {export_bytes} B' if export_bytes else ''}"
     rows += [
         Row(
-            "local disk for checkpoints", "per node", local_disk, node.disk, fixes.get("disk", ""), disk_terms
+            "local disk for checkpoints",
+            "per node",
+            b["local_disk"],
+            node.disk,
+            fixes.get("disk", ""),
+            disk_terms,
         ),
         Row(
             f"checkpoints in storage (x{num_to_keep} kept)",
             "storage",
-            checkpoint_bytes * num_to_keep,
+            b["checkpoint"] * num_to_keep,
             None,
-            terms=(
-                f"fp32 adapters and AdamW moments 12 B x {lora.params:,} adapter params + the adapter export"
-                + (f" + the merged model {export_bytes} B x params" if lora_merged else "")
-                if lora
-                else f"fp32 weights and AdamW moments 12 B x params{f' + export {export_bytes} B' if export_bytes else ''}"
-            ),
-        ),
+            terms=stored_terms,
+        ),  # fmt: skip
     ]
-    return Plan(title, rows, details)
+    return rows
 
 
 def state_bytes(model, optimizer) -> dict[str, int]:

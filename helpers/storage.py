@@ -238,6 +238,56 @@ class _Abandonable:
 STREAM_FILE_BYTES = 1 << 30
 
 
+def _with_deadline(what: str, size: int, work, *, stall_s: float, min_rate: float, tries: int, stalls: list):
+    """`work()` in a thread that has `stall_s` plus `size` at `min_rate` to finish; after a stall or an
+    OSError, given up (its stream never written or closed again), recorded in `stalls`, and run again
+    after a backoff, up to `tries` tries; then `StorageStalled`."""
+    import logging
+    import time
+
+    log = logging.getLogger(__name__)
+    deadline = stall_s + size / min_rate
+    problem = "no error"
+    device = _current_cuda_device()  # this rank's GPU: a new thread's current device is GPU 0
+    for attempt in range(1, tries + 1):
+        outcome: dict = {}
+        abandoned = threading.Event()
+
+        def run(outcome=outcome, abandoned=abandoned) -> None:
+            _ABANDONED[threading.get_ident()] = abandoned
+            try:
+                if device is not None:  # DCP's loader takes the current device's stream
+                    import torch
+
+                    torch.cuda.set_device(device)
+                outcome["result"] = work()
+            except BaseException as exc:  # noqa: BLE001 - reported below, then tried again
+                outcome["error"] = exc
+            finally:
+                _ABANDONED.pop(threading.get_ident(), None)
+
+        thread = threading.Thread(target=run, name=f"dcp-write-{what.rsplit('/', 1)[-1]}", daemon=True)
+        thread.start()
+        thread.join(deadline)
+        if "result" in outcome:
+            if attempt > 1:
+                log.warning("%s: written on try %d of %d", what, attempt, tries)
+            return outcome["result"]
+        abandoned.set()
+        if "error" in outcome and not isinstance(outcome["error"], OSError):
+            raise outcome["error"]  # not the storage: nothing to wait out
+        problem = repr(outcome["error"]) if "error" in outcome else f"not done in {deadline:.0f} s"
+        log.warning("%s: try %d of %d failed (%s)", what, attempt, tries, problem)
+        stalls.append({"file": what.rsplit("/", 1)[-1], "try": attempt, "problem": problem})
+        if attempt < tries:
+            time.sleep(min(2 ** (attempt - 1), 30))  # backoff: 1, 2, 4, ... s
+    raise StorageStalled(
+        f"{what}: not written in {tries} tries ({deadline:.0f} s each, last: {problem}). The storage "
+        "stalled or failed: this checkpoint is not registered, and the run restarts from the last one "
+        "that is."
+    )
+
+
 def dcp_writer(
     filesystem,
     path: str,
@@ -259,16 +309,12 @@ def dcp_writer(
     and the file written again after a backoff, up to `tries` tries (`writer.stalls` lists each one given
     up), and then `StorageStalled` fails the save, before the checkpoint is reported.
     """
-    import logging
     import queue
-    import time
 
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _item_size
     from torch.distributed.checkpoint.planner import WriteItemType
     from torch.futures import Future
-
-    log = logging.getLogger(__name__)
 
     class BoundedFileWriter(FsspecWriter):
         def write_data(self, plan, planner):
@@ -297,59 +343,16 @@ def dcp_writer(
                 return FsspecWriter._write_data(self, planner, files).value()
 
             size = sum(_item_size(i) for i in entry[2] if i.type != WriteItemType.BYTE_IO)
-            return _with_deadline(entry[0], size, write)
+            return _with_deadline(entry[0], size, write, **bounds)
 
         def finish(self, metadata, results) -> None:
             # Rank 0's index, `.metadata`: written to a temporary name, then renamed.
             path = f"{self.path}/.metadata"
-            _with_deadline(path, 0, lambda: FsspecWriter.finish(self, metadata, results))
-
-    def _with_deadline(what: str, size: int, work):
-        """`work()` in a thread that has `stall_s` plus `size` at `min_rate` to finish; after a stall or an
-        OSError, given up (its stream never written or closed again) and run again after a backoff."""
-        deadline = stall_s + size / min_rate
-        problem = "no error"
-        device = _current_cuda_device()  # this rank's GPU: a new thread's current device is GPU 0
-        for attempt in range(1, tries + 1):
-            outcome: dict = {}
-            abandoned = threading.Event()
-
-            def run(outcome=outcome, abandoned=abandoned) -> None:
-                _ABANDONED[threading.get_ident()] = abandoned
-                try:
-                    if device is not None:  # DCP's loader takes the current device's stream
-                        import torch
-
-                        torch.cuda.set_device(device)
-                    outcome["result"] = work()
-                except BaseException as exc:  # noqa: BLE001 - reported below, then tried again
-                    outcome["error"] = exc
-                finally:
-                    _ABANDONED.pop(threading.get_ident(), None)
-
-            thread = threading.Thread(target=run, name=f"dcp-write-{what.rsplit('/', 1)[-1]}", daemon=True)
-            thread.start()
-            thread.join(deadline)
-            if "result" in outcome:
-                if attempt > 1:
-                    log.warning("%s: written on try %d of %d", what, attempt, tries)
-                return outcome["result"]
-            abandoned.set()
-            if "error" in outcome and not isinstance(outcome["error"], OSError):
-                raise outcome["error"]  # not the storage: nothing to wait out
-            problem = repr(outcome["error"]) if "error" in outcome else f"not done in {deadline:.0f} s"
-            log.warning("%s: try %d of %d failed (%s)", what, attempt, tries, problem)
-            writer.stalls.append({"file": what.rsplit("/", 1)[-1], "try": attempt, "problem": problem})
-            if attempt < tries:
-                time.sleep(min(2 ** (attempt - 1), 30))  # backoff: 1, 2, 4, ... s
-        raise StorageStalled(
-            f"{what}: not written in {tries} tries ({deadline:.0f} s each, last: {problem}). The storage "
-            "stalled or failed: this checkpoint is not registered, and the run restarts from the last one "
-            "that is."
-        )
+            _with_deadline(path, 0, lambda: FsspecWriter.finish(self, metadata, results), **bounds)
 
     writer = BoundedFileWriter(path, sync_files=False)  # fsync means nothing for an object store
     writer.stalls = []  # each try given up: {"file", "try", "problem"}
+    bounds = dict(stall_s=stall_s, min_rate=min_rate, tries=tries, stalls=writer.stalls)
     writer.fs = _torch_fsspec_filesystem(filesystem)
     writer.path = path
     return writer

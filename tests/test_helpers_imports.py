@@ -67,3 +67,18 @@ def test_the_graph_reads_imports_inside_functions(tmp_path):
     (tmp_path / "low.py").write_text("def f():\n    from .high import g\n")
     (tmp_path / "high.py").write_text("from .low import f\nimport helpers.low\n")
     assert import_graph(tmp_path) == {"low": {"high"}, "high": {"low"}}
+
+
+def test_no_helpers_function_is_over_80_lines():
+    """`helpers` stays thin: no function (or method) longer than 80 lines, its docstring left out."""
+    long = []
+    for path in HELPERS.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                doc = node.body[0] if node.body else None
+                if isinstance(doc, ast.Expr) and isinstance(getattr(doc, "value", None), ast.Constant):
+                    lines -= doc.end_lineno - doc.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.name}:{node.name} ({lines} lines)")
+    assert long == [], long
