@@ -14,7 +14,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-__all__ = ["cache_dir", "build_once"]
+__all__ = ["cache_dir"]
 
 # Bump when a generator changes, so stale builds are never reused.
 CACHE_VERSION = "v1"
@@ -36,7 +36,7 @@ def _lock(target: Path) -> Iterator[None]:
         yield
 
 
-def build_once(name: str, build: Callable[[Path], None]) -> Path:
+def _build_once(name: str, build: Callable[[Path], None]) -> Path:
     """Return `cache_dir()/name`, calling `build(tmp_dir)` first if it does not exist yet.
 
     The folder appears atomically (built in a temporary folder, then renamed), so an

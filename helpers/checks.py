@@ -32,7 +32,6 @@ __all__ = [
     "compare_plans",
     "full_scale",
     "cheapest_shapes",
-    "min_workers",
     "POST_MFU",
     "NOTEBOOKS",
 ]
@@ -73,7 +72,7 @@ ELASTIC_REFUSED = {
 }
 
 
-def min_workers(p: dict) -> int:
+def _min_workers(p: dict) -> int:
     """`MIN_WORKERS`, or `NUM_WORKERS` where it is not set (None: a fixed-size run)."""
     value = p.get("MIN_WORKERS")
     return p["NUM_WORKERS"] if value is None else value
@@ -340,9 +339,9 @@ def _cell(row) -> str:
 
 def full_scale(p: dict) -> dict:
     """`p` with the full-scale defaults smoke mode replaced put back (the parameters cell's values)."""
-    from .smoke import replaced_defaults
+    from .smoke import _full_scale_defaults
 
-    return {**p, **replaced_defaults()}
+    return {**p, **_full_scale_defaults()}
 
 
 def check_parameters(notebook: str, namespace: dict):
@@ -355,15 +354,15 @@ def check_parameters(notebook: str, namespace: dict):
     warns); then whether the model and the data can be reached and the sequence fits the model; and
     last, that MLflow can track the run (`MLFLOW_TRACKING_URI`: a server answers, no credentials in it).
     """
-    from .cluster import quiet_deepspeed_on_cpu
+    from .cluster import _quiet_deepspeed_on_cpu
     from .smoke import check_parameter_names
-    from .validate import check_max_positions, check_source_available, hub_offline
+    from .validate import _hub_offline, check_max_positions, check_source_available
 
     check_parameter_names(namespace)
     rules, _ = _notebook(notebook)
     rules(namespace)
     # Only now: it imports torch (1.3 s), and a misspelt name or a bad value is reported without waiting.
-    quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
+    _quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
     _check_min_workers(notebook, namespace)
     plan = plan_for(notebook, namespace)
     if plan is not None:
@@ -373,7 +372,7 @@ def check_parameters(notebook: str, namespace: dict):
     if "GLUE_PATH" in p:
         if not p["GLUE_PATH"].startswith("hf://"):
             check_source_available("GLUE_PATH", p["GLUE_PATH"], "dataset")
-        elif hub_offline():
+        elif _hub_offline():
             raise ParameterError(
                 f"GLUE_PATH={p['GLUE_PATH']!r}: the Hugging Face Hub is offline (HF_HUB_OFFLINE=1). Pass a "
                 "local copy with the same layout, go online, or run the small version with SMOKE_TEST=True."
@@ -392,19 +391,19 @@ def check_parameters(notebook: str, namespace: dict):
 def check_cluster(notebook: str, namespace: dict) -> None:
     """After `helpers.start_ray`: can this Ray cluster ever run the workers, and can every node write the
     checkpoints? For Llama, each node also fetches the weights now (`prefetch_model_on_nodes`)."""
-    from .cluster import check_resources, check_storage_from_nodes, prefetch_model_on_nodes
-    from .tracking import check_tracking_from_nodes, tracking_uri
+    from .cluster import _check_storage_from_nodes, check_resources, prefetch_model_on_nodes
+    from .tracking import _check_tracking_from_nodes, tracking_uri
 
     _notebook(notebook)
     p = namespace
-    fewest = min_workers(p)  # an elastic run starts with as many as it gets, at least MIN_WORKERS
+    fewest = _min_workers(p)  # an elastic run starts with as many as it gets, at least MIN_WORKERS
     check_resources(
         fewest,
         p["USE_GPU"],
         p.get("CPUS_PER_WORKER", 1),
         name="MIN_WORKERS" if fewest < p["NUM_WORKERS"] else "NUM_WORKERS",
     )
-    nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
+    nodes = _check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
     where = f"; every node ({nodes}) can write to the bucket" if nodes else ""
     if notebook in ("llama_fsdp", "llama_lora"):
         seconds = prefetch_model_on_nodes("MODEL_NAME", p["MODEL_NAME"], p["USE_GPU"])
@@ -417,7 +416,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
         if fewest == p["NUM_WORKERS"]
         else f"{fewest} to {p['NUM_WORKERS']} workers"
     )
-    check_tracking_from_nodes()
+    _check_tracking_from_nodes()
     print(f"Cluster OK: room for {room}{where}; runs tracked in MLflow at {redact(tracking_uri())}")
 
 

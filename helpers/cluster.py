@@ -26,11 +26,9 @@ __all__ = [
     "check_resources",
     "ResourceRequestError",
     "gpus_for_one_task",
-    "on_every_node",
     "prefetch_model_on_nodes",
     "fetch_model",
     "LOG_NOISE",
-    "worker_log_path",
     "RAY_ENV",
     "LOCAL_RAY_ENV",
     "HUB_ENV_VARS",
@@ -164,7 +162,7 @@ def _secrets_hook(secrets: dict[str, str]):
     return set_secrets
 
 
-def quiet_deepspeed_on_cpu() -> None:
+def _quiet_deepspeed_on_cpu() -> None:
     """On a machine without a GPU, tell DeepSpeed so (`DS_ACCELERATOR=cpu`) before it is first imported.
 
     Otherwise its import logs "Setting accelerator to CPU ..." as a warning, in whichever cell first
@@ -252,7 +250,7 @@ def _stderr_to(path):
         os.close(saved)
 
 
-def worker_log_path() -> str | None:
+def _worker_log_path() -> str | None:
     """The file `start_ray` sends the workers' output to (None before it ran, or when it shows it here)."""
     return _worker_log.get("path")
 
@@ -357,7 +355,7 @@ def start_ray(
     gpus = f", {resources.get('GPU', 0):g} GPUs" if resources.get("GPU") else ", no GPU"
     print(
         f"Ray: {'attached to' if attach else 'started'} {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs{gpus}. "
-        f"Workers' output: {worker_log_path() or 'shown here'}"
+        f"Workers' output: {_worker_log_path() or 'shown here'}"
     )
     return resources
 
@@ -439,12 +437,12 @@ def gpus_for_one_task(name: str, wanted: int) -> int:
     return min(wanted, most)
 
 
-def on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
+def _on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
     """Run the Ray remote function `task(*args)` once on every alive node that can run a worker (with a
     GPU if `use_gpu`, else with a CPU); return {"address node-id": its result}.
 
     Used by the node-by-node checks before `fit()`: `prefetch_model_on_nodes` and
-    `check_storage_from_nodes`.
+    `_check_storage_from_nodes`.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -462,7 +460,7 @@ def on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
     return dict(zip(labels, ray.get(refs), strict=True))
 
 
-def check_storage_from_nodes(name: str, value: str) -> int:
+def _check_storage_from_nodes(name: str, value: str) -> int:
     """Write and delete a test object in `value` from every node of the Ray cluster; return how many nodes.
 
     Checkpoints are written by the workers, not by the notebook, and Ray does not send the driver's
@@ -471,10 +469,10 @@ def check_storage_from_nodes(name: str, value: str) -> int:
     hours in. This finds it before `fit()`. A local folder is not checked (it is the same disk only on
     one machine, or on NFS).
     """
-    from .storage import _write_probe, is_uri
+    from .storage import _is_uri, _write_probe
     from .validate import ParameterError
 
-    if not is_uri(value) or value.startswith("file://"):
+    if not _is_uri(value) or value.startswith("file://"):
         return 0
     import ray
 
@@ -489,7 +487,7 @@ def check_storage_from_nodes(name: str, value: str) -> int:
             return f"{type(exc).__name__}: {exc}"
         return None
 
-    answers = on_every_node(probe, value)
+    answers = _on_every_node(probe, value)
     failed = {node: error for node, error in answers.items() if error}
     if failed:
         lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())
@@ -542,7 +540,7 @@ def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[s
         except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
             return 0.0, f"{type(exc).__name__}: {exc}"
 
-    answers = on_every_node(fetch, model_name, use_gpu=use_gpu)
+    answers = _on_every_node(fetch, model_name, use_gpu=use_gpu)
     failed = {node: error for node, (_, error) in answers.items() if error}
     if failed:
         lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())

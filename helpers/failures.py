@@ -26,7 +26,6 @@ __all__ = [
     "kill_if_due",
     "show_progress",
     "check_kill_step",
-    "report_collection_seconds",
 ]
 
 
@@ -238,7 +237,7 @@ def kill_if_due(run_log, rank: int, step: int, kill_at_step: int) -> None:
     """On rank 1, at step `kill_at_step` (0: never) of the first attempt: a real crash, no exception, no cleanup.
 
     The section "When a worker dies" of each notebook explains what follows. The worker first waits two of
-    Ray Train's report-collection intervals (`report_collection_seconds`), so that the checkpoint reported
+    Ray Train's report-collection intervals (`_report_collection_seconds`), so that the checkpoint reported
     just before is registered: the kill then shows a resume from it, not a restart from the one before.
     """
     import signal
@@ -248,7 +247,7 @@ def kill_if_due(run_log, rank: int, step: int, kill_at_step: int) -> None:
 
     due = rank == 1 and kill_at_step and step == kill_at_step
     if due and ray.get(run_log.claim_kill.remote(step), timeout=30):
-        time.sleep(report_collection_seconds())
+        time.sleep(_report_collection_seconds())
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -300,7 +299,7 @@ def check_kill_step(name: str, value, num_workers: int, total_steps: int | None 
     return value
 
 
-def report_collection_seconds() -> float:
+def _report_collection_seconds() -> float:
     """Two of Ray Train's report-collection intervals, in seconds: how long a worker that is about to be
     killed waits first (`kill_if_due`).
 

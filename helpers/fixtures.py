@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .cache import build_once
+from .cache import _build_once
 from .glue import GLUE_TASKS
 
 __all__ = [
@@ -120,7 +120,7 @@ def ag_news_fixture(num_train: int = 2000, num_test: int = 200) -> str:
             ]
             _write_parquet({"text": texts, "label": labels}, tmp / f"{split}.parquet", features)
 
-    return str(build_once(f"fixtures/ag_news-{num_train}-{num_test}", build))
+    return str(_build_once(f"fixtures/ag_news-{num_train}-{num_test}", build))
 
 
 _SPEAKERS = ["FIRST CITIZEN", "MENENIUS", "CORIOLANUS", "VOLUMNIA", "SICINIUS", "BRUTUS"]
@@ -153,7 +153,7 @@ def play_script_fixture(num_speeches: int = 400) -> str:
                 speeches.append(f"{rng.choice(_SPEAKERS)}:\n" + "\n".join(lines))
             _write_parquet({"text": ["\n\n".join(speeches) + "\n"]}, tmp / f"{split}.parquet")
 
-    return str(build_once(f"fixtures/play_script-{num_speeches}", build))
+    return str(_build_once(f"fixtures/play_script-{num_speeches}", build))
 
 
 _QUESTIONS = [
@@ -185,7 +185,7 @@ def chat_fixture(num_train: int = 600, num_test: int = 60) -> str:
                 rows.append(" ".join(turns))
             _write_parquet({"content": rows}, tmp / f"{split}.parquet")
 
-    return str(build_once(f"fixtures/chat-{num_train}-{num_test}", build))
+    return str(_build_once(f"fixtures/chat-{num_train}-{num_test}", build))
 
 
 # ---- GLUE: every task, in the layout of the Hub's `nyu-mll/glue` parquet files --------------
@@ -305,4 +305,4 @@ def glue_fixture(num_train: int = 512, num_eval: int = 127, num_test: int = 64) 
                 rows = _glue_rows(task, n, rng, genre, labelled)
                 _write_parquet(rows, folder / f"{split}-00000-of-00001.parquet", _glue_features(task))
 
-    return str(build_once(f"fixtures/glue-{num_train}-{num_eval}-{num_test}", build))
+    return str(_build_once(f"fixtures/glue-{num_train}-{num_eval}-{num_test}", build))

@@ -111,7 +111,7 @@ class _Watching:
     def _start(self, rank: int, world_size: int, steps_done: int, facts: dict, fetched=None) -> None:
         """The attempt's first step: it starts after `steps_done` steps (0, or a checkpoint's). `fetched`,
         (bytes read, checkpoint bytes) of the checkpoint it resumed from, where the caller knows them; else
-        what this process last read through `helpers.storage` (`take_last_fetch`), if anything."""
+        what this process last read through `helpers.storage` (`_take_last_fetch`), if anything."""
         self._begin_attempt(rank, world_size, steps_done)
         self._send_facts(facts, fetched)
 
@@ -132,11 +132,13 @@ class _Watching:
         """What this rank measured at its attempt's first step, its Ray node, and what it read to resume."""
         import ray
 
-        from .storage import take_last_fetch
+        from .storage import _take_last_fetch
 
         self.started = True
         self.facts = {"node_id": ray.get_runtime_context().get_node_id(), **facts}
-        if fetched := fetched or take_last_fetch():  # what this worker read of the checkpoint it resumed from
+        if (
+            fetched := fetched or _take_last_fetch()
+        ):  # what this worker read of the checkpoint it resumed from
             self.facts.update(resume_bytes=fetched[0], checkpoint_bytes=fetched[1])
             self.watch.run_log.checkpoint_fetched.remote(self.rank, *fetched)
         self.watch.run_log.rank_facts.remote(self.rank, self.facts)
@@ -209,13 +211,13 @@ class Observer(_Watching):
     def _hook(self) -> None:
         if self.model is None or hasattr(self.model, "zero_optimization_stage"):
             return
-        from .fsdp import frozen_fingerprint
+        from .fsdp import _frozen_fingerprint
 
         self.model.register_forward_pre_hook(self._count)
         if self.optimizer is not None:
             self._pre_step = self.optimizer.register_step_pre_hook(self._gradients)
         if any(not p.requires_grad for p in self.model.parameters()):
-            self.frozen = frozen_fingerprint(self.model)
+            self.frozen = _frozen_fingerprint(self.model)
 
     def _count(self, module, args) -> None:
         self.micro_steps += 1
@@ -372,7 +374,7 @@ def _model_facts(model) -> dict:
     if model is None:
         return {}
     if hasattr(model, "zero_optimization_stage"):  # a DeepSpeed engine
-        from .sharding import zero_partition_fraction, zero_state_bytes
+        from .sharding import _zero_state_bytes, zero_partition_fraction
 
-        return {"partition_fraction": zero_partition_fraction(model), "state_bytes": zero_state_bytes(model)}
+        return {"partition_fraction": zero_partition_fraction(model), "state_bytes": _zero_state_bytes(model)}
     return {}

@@ -66,16 +66,13 @@ from .validate import ParameterError
 
 __all__ = [
     "NODE_TYPES",
-    "NodeType",
     "Plan",
     "model_config",
     "model_size",
     "plan_training",
     "generation_memory_bytes",
-    "local_node",
     "state_bytes",
     "LORA_TARGETS",
-    "lora_size",
 ]
 
 GiB = 1024**3
@@ -96,7 +93,7 @@ ZERO_REDUCE_BUCKET = 50_000_000  # the GPT-2 notebook's reduce_bucket_size (make
 
 
 @dataclass(frozen=True)
-class NodeType:
+class _NodeType:
     gpus: int
     gpu: str
     gpu_memory: int  # bytes per GPU, as the driver reports it
@@ -110,22 +107,22 @@ class NodeType:
 # get_device_properties(0).total_memory`), a little under the product's figure: 14.6 GiB on a "16 GB" T4,
 # 22.0 on an A10G, 39.4 / 79.2 on the 40 / 80 GB A100, 79.2 on an H100-80GB (not measured here: no GPU).
 NODE_TYPES = {
-    "g4dn.4xlarge": NodeType(1, "T4", int(14.6 * GiB), 64 * GiB, 225 * 10**9, bf16=False, cpus=16),
-    "g4dn.8xlarge": NodeType(1, "T4", int(14.6 * GiB), 128 * GiB, 900 * 10**9, bf16=False, cpus=32),
-    "g4dn.12xlarge": NodeType(4, "T4", int(14.6 * GiB), 192 * GiB, 900 * 10**9, bf16=False, cpus=48),
-    "g5.12xlarge": NodeType(4, "A10G", 22 * GiB, 192 * GiB, 3800 * 10**9, cpus=48),
-    "p4d.24xlarge": NodeType(8, "A100-40GB", int(39.4 * GiB), 1152 * GiB, 8000 * 10**9, cpus=96),
-    "p4de.24xlarge": NodeType(8, "A100-80GB", int(79.2 * GiB), 1152 * GiB, 8000 * 10**9, cpus=96),
-    "p5.48xlarge": NodeType(8, "H100-80GB", int(79.2 * GiB), 2048 * GiB, 30400 * 10**9, cpus=192),
+    "g4dn.4xlarge": _NodeType(1, "T4", int(14.6 * GiB), 64 * GiB, 225 * 10**9, bf16=False, cpus=16),
+    "g4dn.8xlarge": _NodeType(1, "T4", int(14.6 * GiB), 128 * GiB, 900 * 10**9, bf16=False, cpus=32),
+    "g4dn.12xlarge": _NodeType(4, "T4", int(14.6 * GiB), 192 * GiB, 900 * 10**9, bf16=False, cpus=48),
+    "g5.12xlarge": _NodeType(4, "A10G", 22 * GiB, 192 * GiB, 3800 * 10**9, cpus=48),
+    "p4d.24xlarge": _NodeType(8, "A100-40GB", int(39.4 * GiB), 1152 * GiB, 8000 * 10**9, cpus=96),
+    "p4de.24xlarge": _NodeType(8, "A100-80GB", int(79.2 * GiB), 1152 * GiB, 8000 * 10**9, cpus=96),
+    "p5.48xlarge": _NodeType(8, "H100-80GB", int(79.2 * GiB), 2048 * GiB, 30400 * 10**9, cpus=192),
 }
 
 
-def local_node() -> NodeType:
+def _local_node() -> _NodeType:
     """This machine as a node with no GPU: its RAM and the free space of its temp folder."""
     import psutil
 
     disk = shutil.disk_usage(tempfile.gettempdir()).free
-    return NodeType(0, "none (CPU workers)", 0, psutil.virtual_memory().total, disk)
+    return _NodeType(0, "none (CPU workers)", 0, psutil.virtual_memory().total, disk)
 
 
 def model_config(model_name: str):
@@ -140,7 +137,7 @@ def model_config(model_name: str):
 
 
 @dataclass(frozen=True)
-class ModelSize:
+class _ModelSize:
     params: int  # all parameter elements (tied ones once)
     largest_layer: int  # the largest transformer block: the unit FSDP gathers at once
     root: int  # parameters outside the blocks (embeddings, final norm, head): FSDP's root unit
@@ -152,7 +149,7 @@ class ModelSize:
 
 
 @functools.lru_cache(maxsize=16)
-def _size_of(config_json: str) -> ModelSize:
+def _size_of(config_json: str) -> _ModelSize:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -162,7 +159,7 @@ def _size_of(config_json: str) -> ModelSize:
     params = sum(p.numel() for p in model.parameters())
     blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
     block_sizes = [sum(p.numel() for p in block.parameters()) for block in blocks]
-    return ModelSize(
+    return _ModelSize(
         params=params,
         largest_layer=max(block_sizes),
         root=params - sum(block_sizes),
@@ -174,7 +171,7 @@ def _size_of(config_json: str) -> ModelSize:
     )
 
 
-def model_size(config) -> ModelSize:
+def model_size(config) -> _ModelSize:
     """Parameter counts of `config`'s causal LM, built on the `meta` device (no weights)."""
     return _size_of(config.to_json_string(use_diff=False))
 
@@ -185,14 +182,14 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 @dataclass(frozen=True)
-class LoraSize:
+class _LoraSize:
     params: int  # adapter elements (A and B of every targeted projection)
     largest_layer: int  # adapter elements of the largest transformer block
     largest_tensor: int
 
 
 @functools.lru_cache(maxsize=16)
-def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...]) -> LoraSize:
+def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...]) -> _LoraSize:
     import warnings
 
     import torch
@@ -210,10 +207,10 @@ def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...]) -> Lora
     trainable = [p for p in model.parameters() if p.requires_grad]
     blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
     per_block = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in blocks]
-    return LoraSize(sum(p.numel() for p in trainable), max(per_block), max(p.numel() for p in trainable))
+    return _LoraSize(sum(p.numel() for p in trainable), max(per_block), max(p.numel() for p in trainable))
 
 
-def lora_size(config, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> LoraSize:
+def _lora_size(config, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> _LoraSize:
     """Adapter parameter counts of LoRA at `rank` on `config`'s causal LM, as `peft` builds them on `meta`."""
     return _lora_size_of(config.to_json_string(use_diff=False), rank, tuple(targets))
 
@@ -228,7 +225,7 @@ def generation_memory_bytes(model_name: str, dtype_bytes: int, on_gpu: bool) -> 
 
 
 @dataclass
-class Row:
+class _Row:
     what: str
     where: str  # "per GPU", "per node", "storage"
     need: int  # bytes
@@ -250,7 +247,7 @@ class Row:
 @dataclass
 class Plan:
     title: str
-    rows: list[Row] = field(default_factory=list)
+    rows: list[_Row] = field(default_factory=list)
     details: dict[str, int] = field(default_factory=dict)  # the components of the per-GPU figure, bytes
 
     def table(self):
@@ -302,7 +299,7 @@ class Plan:
         print("It fits: " + "; ".join(f"{r.what} {r.share:.0%} ({r.status})" for r in compared))
 
 
-def _activations(size: ModelSize, batch: int, seq: int, act_bytes: int, checkpointing: bool) -> int:
+def _activations(size: _ModelSize, batch: int, seq: int, act_bytes: int, checkpointing: bool) -> int:
     per_layer = batch * seq * size.hidden * 34 * act_bytes // 2  # sdpa/flash: no stored attention scores
     if checkpointing:
         kept = size.num_layers * batch * seq * size.hidden * act_bytes  # each layer's input
@@ -310,7 +307,7 @@ def _activations(size: ModelSize, batch: int, seq: int, act_bytes: int, checkpoi
     return size.num_layers * per_layer
 
 
-def _zero_model_states(size: ModelSize, stage: int, gpus_per_node: int, nodes: int, offload: str):
+def _zero_model_states(size: _ModelSize, stage: int, gpus_per_node: int, nodes: int, offload: str):
     """(per GPU, per node host RAM) bytes for ZeRO's model states, from DeepSpeed's own estimators."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
@@ -384,7 +381,7 @@ def plan_training(
     if vocab_size:  # rows added for new tokens (Llama's chat tokens)
         extra = (vocab_size - size.vocab) * size.hidden * 2
         size = replace(size, params=size.params + extra, root=size.root + extra)
-    lora = lora_size(config, lora_rank) if lora_rank else None
+    lora = _lora_size(config, lora_rank) if lora_rank else None
     if lora and sharding != "fsdp":
         raise ValueError("lora_rank needs sharding='fsdp'")
     run = _Run(
@@ -416,7 +413,7 @@ def plan_training(
     if not run.on_gpu:  # the workers' devices are this machine's RAM too
         host += device * run.n
     rows = [
-        Row(
+        _Row(
             f"training ({run.device_name})",
             run.where_device,
             device,
@@ -435,12 +432,12 @@ def plan_training(
 class _Run:
     """What every part of a plan reads: the model's sizes, the workers, the node that fits worst."""
 
-    size: ModelSize
+    size: _ModelSize
     n: int  # workers
-    lora: LoraSize | None
+    lora: _LoraSize | None
     stored: int  # bytes per parameter of the checkpoint as stored (its pages, memory-mapped while loading)
     on_gpu: bool
-    node: NodeType
+    node: _NodeType
     per_node: int  # workers on that node
     nodes: int
     device_have: int  # bytes of one worker's device (a GPU, or a CPU worker's share of RAM)
@@ -460,7 +457,7 @@ def _placement(cluster: dict[str, int] | None, n: int) -> dict:
     """The node that fits worst (the least host RAM per GPU: rank 0 can land on any GPU node), how many
     workers it holds, and what one worker's device has; on CPU, this machine shared by the workers."""
     if cluster is None:
-        node = local_node()
+        node = _local_node()
         return dict(on_gpu=False, node=node, per_node=n, nodes=1, device_have=node.memory // n,
                     device_name="CPU worker's share of RAM", where_device="per CPU worker")  # fmt: skip
     unknown = sorted(set(cluster) - set(NODE_TYPES))
@@ -595,7 +592,7 @@ def _host_and_disk_rows(
     lora_merged: bool,
     fixes: dict[str, str],
     details: dict,
-) -> list[Row]:
+) -> list[_Row]:
     """The rows after the device's: host RAM while loading, at a checkpoint and to consolidate (per node),
     local disk, and the checkpoints in storage."""
     from .storage import STREAM_FILE_BYTES
@@ -628,8 +625,10 @@ def _host_and_disk_rows(
     )
     host_fix = fixes.get("host", "")
     rows = [
-        Row("host RAM while loading", "per node", host + b["loads"], node.memory, host_fix, load_terms),
-        Row("host RAM at a checkpoint", "per node", host + b["host_ckpt"], node.memory, host_fix, ckpt_terms),
+        _Row("host RAM while loading", "per node", host + b["loads"], node.memory, host_fix, load_terms),
+        _Row(
+            "host RAM at a checkpoint", "per node", host + b["host_ckpt"], node.memory, host_fix, ckpt_terms
+        ),
     ]
     if export_bytes:
         if not lora:
@@ -638,17 +637,16 @@ def _host_and_disk_rows(
             terms = f"rank 0 reads the base again to merge: {export_bytes + stored} B x params"
         else:
             terms = "rank 0 gathers the fp32 adapters, 4 B x adapter params"
-        rows.append(Row("host RAM to consolidate (rank 0)", "per node", host + b["consolidate"], node.memory,
+        rows.append(_Row("host RAM to consolidate (rank 0)", "per node", host + b["consolidate"], node.memory,
                         host_fix, terms))  # fmt: skip
-    if lora:
-        stored_terms = (
-            f"fp32 adapters and AdamW moments 12 B x {lora.params:,} adapter params + the adapter export"
-            + (f" + the merged model {export_bytes} B x params" if lora_merged else "")
-        )
-    else:
-        stored_terms = f"fp32 weights and AdamW moments 12 B x params{f' + export {export_bytes} B' if export_bytes else ''}"
+    stored_terms = (
+        f"fp32 adapters and AdamW moments 12 B x {lora.params:,} adapter params + the adapter export"
+        + (f" + the merged model {export_bytes} B x params" if lora_merged else "")
+        if lora
+        else f"fp32 weights and AdamW moments 12 B x params{f' + export {export_bytes} B' if export_bytes else ''}"
+    )
     rows += [
-        Row(
+        _Row(
             "local disk for checkpoints",
             "per node",
             b["local_disk"],
@@ -656,7 +654,7 @@ def _host_and_disk_rows(
             fixes.get("disk", ""),
             disk_terms,
         ),
-        Row(
+        _Row(
             f"checkpoints in storage (x{num_to_keep} kept)",
             "storage",
             b["checkpoint"] * num_to_keep,

@@ -27,9 +27,9 @@ class Stopwatch:
 
 
 def _is_folder(path: str) -> bool:
-    from .storage import is_uri
+    from .storage import _is_uri
 
-    if not is_uri(path):
+    if not _is_uri(path):
         return Path(path).is_dir()
     import pyarrow.fs as pafs
 

@@ -17,7 +17,6 @@ __all__ = [
     "check_parameter_names",
     "parameter_values",
     "smoke_overrides",
-    "replaced_defaults",
     "papermill_parameters",
     "RENAMED",
 ]
@@ -136,7 +135,7 @@ def parameter_values(namespace: dict) -> dict:
 _replaced_defaults: dict = {}  # parameter: its full-scale default, for what smoke mode replaced
 
 
-def replaced_defaults() -> dict:
+def _full_scale_defaults() -> dict:
     """The full-scale defaults of the parameters the last `smoke_overrides` replaced ({} outside smoke mode):
     the "will it fit?" tables show the full-scale run next to the laptop's."""
     return dict(_replaced_defaults)

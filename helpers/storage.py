@@ -29,7 +29,6 @@ __all__ = [
     "redact",
     "check_storage_path",
     "uri",
-    "is_uri",
     "dcp_writer",
     "dcp_reader",
     "StorageStalled",
@@ -41,7 +40,7 @@ __all__ = [
 SCHEMES = "a local or NFS folder, s3://bucket/prefix, gs://bucket/prefix or hdfs://host/path"
 
 
-def is_uri(path: str) -> bool:
+def _is_uri(path: str) -> bool:
     return "://" in str(path)
 
 
@@ -113,7 +112,7 @@ def check_storage_path(name: str, value: str) -> str:
             "credentials instead: instance credentials, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in "
             "each node's environment (for gs://, GOOGLE_APPLICATION_CREDENTIALS)."
         )
-    if not is_uri(value) or value.startswith("file://"):
+    if not _is_uri(value) or value.startswith("file://"):
         folder = Path(value.removeprefix("file://")).expanduser().absolute()
         parent = next(p for p in [folder, *folder.parents] if p.exists())
         if not parent.is_dir() or not os.access(parent, os.W_OK):
@@ -404,7 +403,7 @@ def _file_sizes(fs, root: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) -> Iterator[FetchedFolder]:
+def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) -> Iterator[_FetchedFolder]:
     """A local folder with a Ray Train checkpoint's files, for this process only.
 
     The checkpoint's own folder where it is on a local (or NFS) filesystem; otherwise a private
@@ -416,7 +415,7 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
 
     `files`, a filter of paths relative to the checkpoint (e.g. `helpers.zero_rank_files(rank)`):
     copy only those, for a process that reads only part of a sharded checkpoint. The folder is a `str`
-    that also says what it cost (`FetchedFolder`): `bytes_fetched`, the size of the files chosen (copied;
+    that also says what it cost (`_FetchedFolder`): `bytes_fetched`, the size of the files chosen (copied;
     on a local or NFS filesystem, read where they are), and `checkpoint_bytes`, the whole checkpoint's.
     """
     import pyarrow.fs as pafs
@@ -425,8 +424,8 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
     sizes = _file_sizes(fs, root)
     chosen = [path for path in sizes if files is None or files(path)]
 
-    def fetched(folder: str) -> FetchedFolder:
-        got = FetchedFolder(folder, sum(sizes[p] for p in chosen), sum(sizes.values()))
+    def fetched(folder: str) -> _FetchedFolder:
+        got = _FetchedFolder(folder, sum(sizes[p] for p in chosen), sum(sizes.values()))
         _LAST_FETCH[:] = [got.bytes_fetched, got.checkpoint_bytes]  # for this worker's observer
         return got
 
@@ -452,7 +451,7 @@ _LAST_FETCH: list[int] = []  # (bytes fetched, checkpoint bytes) of this process
 _LAST_READ: list = []  # (reader, filesystem, path) of this process's last dcp_reader
 
 
-def take_last_fetch() -> tuple[int, int] | None:
+def _take_last_fetch() -> tuple[int, int] | None:
     """What this process's last `checkpoint_folder` fetched, or its last `dcp_reader` read, once: (bytes
     fetched, the checkpoint's bytes)."""
     got = tuple(_LAST_FETCH) or None
@@ -479,20 +478,20 @@ def trainer_rank_files(rank: int) -> Callable[[str], bool]:
     return wanted
 
 
-class FetchedFolder(str):
+class _FetchedFolder(str):
     """A local folder (`checkpoint_folder`'s) that is a `str`, and says what it cost: `bytes_fetched` of
     the `checkpoint_bytes` of the whole checkpoint."""
 
     bytes_fetched: int
     checkpoint_bytes: int
 
-    def __new__(cls, path: str, bytes_fetched: int, checkpoint_bytes: int) -> FetchedFolder:
+    def __new__(cls, path: str, bytes_fetched: int, checkpoint_bytes: int) -> _FetchedFolder:
         folder = super().__new__(cls, path)
         folder.bytes_fetched, folder.checkpoint_bytes = bytes_fetched, checkpoint_bytes
         return folder
 
 
-class StoredFolder(str):
+class _StoredFolder(str):
     """A folder of a Ray Train checkpoint, named by its URI (or local path), to be read where it is stored.
 
     `stored_folder(checkpoint, "checkpoint.ckpt")` gives one; passed as Lightning's `ckpt_path` to the
@@ -506,16 +505,16 @@ class StoredFolder(str):
     checkpoint_bytes: int
     bytes_read: int
 
-    def __new__(cls, filesystem, path: str, checkpoint_bytes: int) -> StoredFolder:
+    def __new__(cls, filesystem, path: str, checkpoint_bytes: int) -> _StoredFolder:
         folder = super().__new__(cls, uri(filesystem, path))
         folder.filesystem, folder.path = filesystem, path
         folder.checkpoint_bytes, folder.bytes_read = checkpoint_bytes, 0
         return folder
 
 
-def stored_folder(checkpoint, subfolder: str = "") -> StoredFolder:
-    """`subfolder` of a Ray Train `checkpoint`, to be read in place (`StoredFolder`); `checkpoint_bytes`
+def stored_folder(checkpoint, subfolder: str = "") -> _StoredFolder:
+    """`subfolder` of a Ray Train `checkpoint`, to be read in place (`_StoredFolder`); `checkpoint_bytes`
     is the size of the whole checkpoint."""
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
     size = sum(_file_sizes(fs, root).values())
-    return StoredFolder(fs, f"{root}/{subfolder}" if subfolder else root, size)
+    return _StoredFolder(fs, f"{root}/{subfolder}" if subfolder else root, size)

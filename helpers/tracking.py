@@ -2,9 +2,9 @@
 
 Used by each notebook's watch (`helpers.watch`: `start_run`, and `BackgroundLogger` in the run's `RunLog`
 actor, which logs what the observers send it), its
-section "Going further: tracking" (`ui_command`, `metric_steps`), and its last cell, where
+section "Going further: tracking" (`ui_command`, `_metric_steps`), and its last cell, where
 `helpers.write_results` ends the run with the run's summary (`finish_run`). The set-up checks
-(`check_tracking`, `check_tracking_from_nodes`) fail in the first cells.
+(`check_tracking`, `_check_tracking_from_nodes`) fail in the first cells.
 
 Where runs go:
 
@@ -12,9 +12,9 @@ Where runs go:
   that `make cluster-up` starts). It reaches every worker with the job's environment; its credentials
   (`MLFLOW_TRACKING_TOKEN`, `MLFLOW_TRACKING_PASSWORD`, `DATABRICKS_TOKEN`) do too, but never as
   environment variables of the job, which Ray logs (see `helpers.cluster.job_runtime_env`).
-- Otherwise a SQLite file in this project's cache (`default_uri`): no server. Every worker must be able to
+- Otherwise a SQLite file in this project's cache (`_default_uri`): no server. Every worker must be able to
   open that file, so it serves a Ray on this machine (or the local two-node cluster), not workers on other
-  machines; `check_tracking_from_nodes` says so in the first cells.
+  machines; `_check_tracking_from_nodes` says so in the first cells.
 
 One MLflow run per training run: the driver creates the run before `fit()` and hands its id to the
 workers in the training config. Every attempt's rank 0 logs into that run, so a restarted worker group
@@ -41,16 +41,12 @@ from urllib.parse import urlparse
 __all__ = [
     "TRACKING_ENV_VARS",
     "TRACKING_SECRET_VARS",
-    "default_uri",
     "tracking_uri",
     "configure",
     "check_tracking",
-    "check_tracking_from_nodes",
     "start_run",
-    "StepLogger",
     "BackgroundLogger",
     "finish_run",
-    "metric_steps",
     "show_run",
     "ui_command",
 ]
@@ -97,7 +93,7 @@ def _bounded():
                 os.environ[k] = v
 
 
-def default_uri() -> str:
+def _default_uri() -> str:
     """The embedded store: `sqlite:///<cache>/mlflow/mlflow.db` (`helpers.cache_dir`)."""
     from .cache import cache_dir
 
@@ -113,8 +109,8 @@ def _artifact_root() -> str:
 
 
 def tracking_uri() -> str:
-    """`MLFLOW_TRACKING_URI`, or the embedded store (`default_uri`)."""
-    return os.environ.get(URI) or default_uri()
+    """`MLFLOW_TRACKING_URI`, or the embedded store (`_default_uri`)."""
+    return os.environ.get(URI) or _default_uri()
 
 
 def _shown(uri: str) -> str:
@@ -128,7 +124,7 @@ def configure() -> str:
     Ray's workers inherit it and a cluster's get it with the job) and MLflow's telemetry off. Returns it."""
     for var, value in OFFLINE_ENV.items():
         os.environ.setdefault(var, value)
-    os.environ.setdefault(URI, default_uri())
+    os.environ.setdefault(URI, _default_uri())
     return os.environ[URI]
 
 
@@ -149,7 +145,7 @@ def check_tracking() -> str:
         if reason := _no_answer(uri, timeout=5):
             raise ParameterError(
                 f"{URI}={shown!r}: no tracking server answers there ({reason}). Start it, correct the "
-                f"address, or unset {URI} to keep runs in this machine's store ({default_uri()})."
+                f"address, or unset {URI} to keep runs in this machine's store ({_default_uri()})."
             )
     elif scheme in _LOCAL_SCHEMES:
         path = Path(urlparse(uri).path if scheme else uri)
@@ -174,7 +170,7 @@ def _no_answer(uri: str, timeout: float) -> str | None:
     return None
 
 
-def check_tracking_from_nodes() -> None:
+def _check_tracking_from_nodes() -> None:
     """After Ray started: a store on this machine's disk (the embedded default) only serves workers on
     this machine. Fail, naming `MLFLOW_TRACKING_URI`, if some node is another machine."""
     import ray
@@ -288,7 +284,7 @@ def _last_steps(client, run_id: str) -> dict[str, int]:
     }
 
 
-class StepLogger:
+class _StepLogger:
     """Log step metrics into the run `run_id`, but a metric at a step that an earlier logger of the run
     already reached (a resumed `fit()` that continues the run starts where the run's metrics got to)."""
 
@@ -370,7 +366,7 @@ class BackgroundLogger:
             kind, step, metrics = self.queue.get()
             try:
                 if steps is None:  # what earlier attempts of the run logged: their steps are not logged again
-                    steps = StepLogger(self.run_id)
+                    steps = _StepLogger(self.run_id)
                 if kind == "mark":
                     steps.log_all(step, metrics)
                 else:
@@ -437,7 +433,7 @@ def finish_run(run_id: str, results: dict) -> dict:
     }
 
 
-def metric_steps(run_id: str, key: str) -> list[tuple[int, float]]:
+def _metric_steps(run_id: str, key: str) -> list[tuple[int, float]]:
     """(step, value) of every point of the run's metric `key`, in order of step."""
     if reason := _no_answer(tracking_uri(), timeout=3):
         raise ConnectionError(reason)
@@ -450,8 +446,8 @@ def show_run(run_id: str, key: str = "loss") -> None:
     """Print what the MLflow run `run_id` holds of the metric `key` (its steps, each once), where new worker
     groups resumed, and how to open MLflow's UI on it; one line instead where the server does not answer."""
     try:
-        points = metric_steps(run_id, key)
-        resumed_at = [int(step) for step, _ in metric_steps(run_id, RESUMED)]
+        points = _metric_steps(run_id, key)
+        resumed_at = [int(step) for step, _ in _metric_steps(run_id, RESUMED)]
     except Exception as exc:  # noqa: BLE001 - a record of the run, not the run
         print(
             f"MLflow at {_shown(tracking_uri())} did not answer ({exc.__class__.__name__}): nothing to read back"

@@ -20,9 +20,7 @@ __all__ = [
     "check_positive",
     "check_choice",
     "check_max_positions",
-    "model_max_positions",
     "check_source_available",
-    "hub_offline",
     "choose_attention",
 ]
 
@@ -58,7 +56,7 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     return value
 
 
-def hub_offline() -> bool:
+def _hub_offline() -> bool:
     """True when the Hugging Face libraries are told to stay offline (`HF_HUB_OFFLINE=1` and friends)."""
     return any(os.environ.get(v, "0") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
@@ -71,7 +69,7 @@ def check_source_available(name: str, value: str, kind: str) -> str:
     """
     if Path(value).expanduser().is_dir():
         return value
-    if not hub_offline():
+    if not _hub_offline():
         return value  # online: the Hub answers for itself when the notebook loads it
     from huggingface_hub import constants
 
@@ -85,7 +83,7 @@ def check_source_available(name: str, value: str, kind: str) -> str:
     )
 
 
-def model_max_positions(model_name: str) -> int | None:
+def _model_max_positions(model_name: str) -> int | None:
     """The longest sequence the model's position embeddings allow (None if it has no limit)."""
     from transformers import AutoConfig
 
@@ -98,7 +96,7 @@ def model_max_positions(model_name: str) -> int | None:
 
 def check_max_positions(name: str, value: int, model_name: str) -> int:
     """A sequence length must fit the model's position embeddings."""
-    limit = model_max_positions(model_name)
+    limit = _model_max_positions(model_name)
     if limit is not None and value > limit:
         raise ParameterError(
             f"{name}={value}: the model {model_name!r} has {limit} positions; use {name} <= {limit}."

@@ -48,7 +48,7 @@ def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
     injected = "# Parameters\nBATCH_SIZE = 4\nMAX_STEP = 8\nLORA_RANK = 8\nSMOKE_TEST = True\n"
     monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected])
     with pytest.raises(helpers.ParameterError) as error:
-        helpers.check_parameter_names({})
+        helpers.smoke.check_parameter_names({})
     message = str(error.value)
     assert "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)" in message  # a renamed parameter
     assert "MAX_STEP (did you mean MAX_STEPS?)" in message  # a misspelt one
@@ -61,7 +61,7 @@ def test_known_names_pass_and_the_results_get_every_parameter(monkeypatch):
     monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected, "x = 1"])
     namespace = {"BATCH_SIZE_PER_WORKER": 8, "MAX_STEPS": 8, "SMOKE_TEST": True, "RESULTS_PATH": "", "x": 1}
     names = ["BATCH_SIZE_PER_WORKER", "MAX_STEPS", "SMOKE_TEST", "RESULTS_PATH"]
-    assert helpers.check_parameter_names(namespace) == names
+    assert helpers.smoke.check_parameter_names(namespace) == names
     assert helpers.parameter_values(namespace) == {
         "BATCH_SIZE_PER_WORKER": 8,
         "MAX_STEPS": 8,
@@ -81,7 +81,7 @@ def test_without_a_cell_history_the_parameters_are_the_upper_case_names_so_far(m
         "_": None,
         "SMOKE_TEST": True,
     }
-    assert helpers.check_parameter_names(namespace) == ["MODEL_NAME", "NUM_WORKERS", "SMOKE_TEST"]
+    assert helpers.smoke.check_parameter_names(namespace) == ["MODEL_NAME", "NUM_WORKERS", "SMOKE_TEST"]
     namespace.update(NUM_WORKERS=4, later=1)
     assert helpers.parameter_values(namespace) == {"MODEL_NAME": "tiny", "NUM_WORKERS": 4, "SMOKE_TEST": True}
 
@@ -108,7 +108,7 @@ def test_run_log_summarises_a_kill_and_its_replay():
 
 
 def test_run_log_prints_a_line_per_interval_and_the_restart():
-    # What the training cell shows (helpers.show_progress prints these lines from the driver).
+    # What the training cell shows (helpers.failures.show_progress prints these lines from the driver).
     log = RunLog(total_steps=10, print_every=4)
     log.start_attempt(0)
     for step in range(1, 7):
@@ -192,13 +192,15 @@ def test_kill_step_needs_a_rank_1_and_a_step_of_the_run():
 
 
 def test_storage_path_checks(tmp_path):
-    assert helpers.check_storage_path("STORAGE_PATH", str(tmp_path / "new" / "runs")) == str(
+    assert helpers.storage.check_storage_path("STORAGE_PATH", str(tmp_path / "new" / "runs")) == str(
         tmp_path / "new" / "runs"
     )
     with pytest.raises(helpers.ParameterError, match="unsupported storage"):
-        helpers.check_storage_path("STORAGE_PATH", "ftp://example.org/runs")
+        helpers.storage.check_storage_path("STORAGE_PATH", "ftp://example.org/runs")
     with pytest.raises(helpers.ParameterError, match="cannot reach the bucket's endpoint at 127.0.0.1:9"):
-        helpers.check_storage_path("STORAGE_PATH", "s3://b/runs?endpoint_override=127.0.0.1:9&scheme=http")
+        helpers.storage.check_storage_path(
+            "STORAGE_PATH", "s3://b/runs?endpoint_override=127.0.0.1:9&scheme=http"
+        )
     from pyarrow.fs import LocalFileSystem
 
     assert helpers.storage.uri(LocalFileSystem(), "/x/y") == "/x/y"

@@ -20,7 +20,7 @@ def test_glue_metric_names_match_evaluate():
         "qqp": {"accuracy", "f1"},
     }
     rng = np.random.default_rng(0)
-    for task in helpers.GLUE_METRICS:
+    for task in helpers.metrics.GLUE_METRICS:
         refs = rng.uniform(0, 5, 20) if task == "stsb" else rng.integers(0, 2, 20)
         preds = refs + rng.normal(0, 1, 20) if task == "stsb" else rng.integers(0, 2, 20)
         out = helpers.GlueMetric(task).compute(predictions=preds, references=refs)
@@ -91,8 +91,8 @@ def test_glue_fixture_has_every_task_with_real_columns_labels_and_splits():
     from pathlib import Path
 
     root = Path(helpers.glue_fixture())
-    assert sorted(p.name for p in root.iterdir()) == sorted(helpers.GLUE_SCHEMAS)
-    for task, (columns, names) in helpers.GLUE_SCHEMAS.items():
+    assert sorted(p.name for p in root.iterdir()) == sorted(helpers.fixtures.GLUE_SCHEMAS)
+    for task, (columns, names) in helpers.fixtures.GLUE_SCHEMAS.items():
         splits = sorted(p.name.split("-")[0] for p in (root / task).glob("*.parquet"))
         if task == "mnli":
             assert splits == sorted(

@@ -23,7 +23,7 @@ SAMPLES = {
 }
 
 
-@pytest.mark.parametrize("arch", sorted(helpers.TINY_ARCHS))
+@pytest.mark.parametrize("arch", sorted(helpers.tiny_models.TINY_ARCHS))
 def test_tiny_model_loads_like_a_hub_id(arch):
     from transformers import AutoConfig, AutoTokenizer
 
@@ -108,23 +108,32 @@ def test_play_script_and_chat_fixtures():
 @pytest.mark.parametrize(
     "call, words",
     [
-        (lambda: helpers.check_int("NUM_WORKERS", 0, minimum=1), ["NUM_WORKERS=0", "at least 1"]),
+        (lambda: helpers.validate.check_int("NUM_WORKERS", 0, minimum=1), ["NUM_WORKERS=0", "at least 1"]),
         (
-            lambda: helpers.check_int("BATCH_SIZE_PER_WORKER", 2.5, minimum=1),
+            lambda: helpers.validate.check_int("BATCH_SIZE_PER_WORKER", 2.5, minimum=1),
             ["BATCH_SIZE_PER_WORKER=2.5", "integer"],
         ),
-        (lambda: helpers.check_int("NUM_WORKERS", True, minimum=1), ["NUM_WORKERS=True", "integer"]),
-        (lambda: helpers.check_choice("ZERO_STAGE", 4, [0, 1, 2, 3]), ["ZERO_STAGE=4", "0, 1, 2, 3"]),
-        (lambda: helpers.check_positive("LEARNING_RATE", 0), ["LEARNING_RATE=0", "greater than 0"]),
-        # `-p LEARNING_RATE inf` trained to NaN; NaN is no number to train with either.
-        (lambda: helpers.check_positive("LEARNING_RATE", float("inf")), ["LEARNING_RATE=inf", "finite"]),
-        (lambda: helpers.check_positive("LEARNING_RATE", float("nan")), ["LEARNING_RATE=nan", "finite"]),
+        (lambda: helpers.validate.check_int("NUM_WORKERS", True, minimum=1), ["NUM_WORKERS=True", "integer"]),
         (
-            lambda: helpers.check_max_positions("MAX_SEQ_LEN", 129, helpers.tiny_model("gpt2")),
+            lambda: helpers.validate.check_choice("ZERO_STAGE", 4, [0, 1, 2, 3]),
+            ["ZERO_STAGE=4", "0, 1, 2, 3"],
+        ),
+        (lambda: helpers.validate.check_positive("LEARNING_RATE", 0), ["LEARNING_RATE=0", "greater than 0"]),
+        # `-p LEARNING_RATE inf` trained to NaN; NaN is no number to train with either.
+        (
+            lambda: helpers.validate.check_positive("LEARNING_RATE", float("inf")),
+            ["LEARNING_RATE=inf", "finite"],
+        ),
+        (
+            lambda: helpers.validate.check_positive("LEARNING_RATE", float("nan")),
+            ["LEARNING_RATE=nan", "finite"],
+        ),
+        (
+            lambda: helpers.validate.check_max_positions("MAX_SEQ_LEN", 129, helpers.tiny_model("gpt2")),
             ["MAX_SEQ_LEN=129", "<= 128"],
         ),
         (
-            lambda: helpers.check_source_available("MODEL_NAME", "no/such-model", "model"),
+            lambda: helpers.validate.check_source_available("MODEL_NAME", "no/such-model", "model"),
             ["MODEL_NAME='no/such-model'", "offline"],
         ),
     ],
@@ -137,9 +146,9 @@ def test_checks_name_the_parameter(call, words):
 
 
 def test_checks_accept_good_values():
-    assert helpers.check_int("NUM_WORKERS", 2, minimum=1) == 2
-    assert helpers.check_max_positions("MAX_SEQ_LEN", 128, helpers.tiny_model("gpt2")) == 128
-    assert helpers.check_source_available("DATASET_NAME", helpers.ag_news_fixture(), "dataset")
+    assert helpers.validate.check_int("NUM_WORKERS", 2, minimum=1) == 2
+    assert helpers.validate.check_max_positions("MAX_SEQ_LEN", 128, helpers.tiny_model("gpt2")) == 128
+    assert helpers.validate.check_source_available("DATASET_NAME", helpers.ag_news_fixture(), "dataset")
 
 
 # ---- resources: fail fast instead of waiting forever ----------------------------------------
@@ -154,8 +163,8 @@ def _fake_cluster(monkeypatch, nodes):
 def test_gpu_request_on_a_cpu_cluster_fails_fast(monkeypatch):
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])
     monkeypatch.delenv("LLM_NOTEBOOKS_AUTOSCALING", raising=False)
-    with pytest.raises(helpers.ResourceRequestError) as info:
-        helpers.check_resources(16, use_gpu=True)
+    with pytest.raises(helpers.cluster.ResourceRequestError) as info:
+        helpers.cluster.check_resources(16, use_gpu=True)
     message = str(info.value)
     for word in ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "has 0", "SMOKE_TEST=True"]:
         assert word in message
@@ -163,17 +172,17 @@ def test_gpu_request_on_a_cpu_cluster_fails_fast(monkeypatch):
 
 def test_too_many_cpu_workers_fail_and_fitting_requests_pass(monkeypatch):
     _fake_cluster(monkeypatch, [{"CPU": 4.0}, {"CPU": 8.0, "GPU": 2.0}])
-    with pytest.raises(helpers.ResourceRequestError, match="NUM_WORKERS=13 needs 13 CPUs"):
-        helpers.check_resources(13, use_gpu=False)
-    helpers.check_resources(12, use_gpu=False)
-    helpers.check_resources(2, use_gpu=True)
+    with pytest.raises(helpers.cluster.ResourceRequestError, match="NUM_WORKERS=13 needs 13 CPUs"):
+        helpers.cluster.check_resources(13, use_gpu=False)
+    helpers.cluster.check_resources(12, use_gpu=False)
+    helpers.cluster.check_resources(2, use_gpu=True)
 
 
 def test_autoscaling_cluster_only_warns(monkeypatch):
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])
     monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
     with pytest.warns(UserWarning, match="autoscaler"):
-        helpers.check_resources(16, use_gpu=True)
+        helpers.cluster.check_resources(16, use_gpu=True)
 
 
 def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsys, tmp_path):
@@ -303,5 +312,5 @@ def test_redact_masks_a_uris_credentials_and_keeps_the_bucket():
     for unchanged in ("s3://bucket/prefix", "s3://bucket/run@2026/x", "/mnt/cluster_storage/", 4):
         assert redact(unchanged) == unchanged
     with pytest.raises(helpers.ParameterError) as refused:
-        helpers.check_storage_path("STORAGE_PATH", "s3://AKIA:se/cr+et@bucket/prefix")
+        helpers.storage.check_storage_path("STORAGE_PATH", "s3://AKIA:se/cr+et@bucket/prefix")
     assert "STORAGE_PATH='s3://***@bucket/prefix'" in str(refused.value) and "cr+et" not in str(refused.value)

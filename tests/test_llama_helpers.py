@@ -34,13 +34,13 @@ def test_mfu_reproduces_the_posts_arithmetic():
 )
 def test_dense_peak_flops_never_with_sparsity(monkeypatch, device_name, expected):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
-    assert helpers.dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(
+    assert helpers.flops.dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(
         expected, rel=1e-3
     )
 
 
 def test_no_peak_and_no_mfu_on_cpu():
-    assert helpers.dense_peak_flops(torch.device("cpu"), torch.bfloat16) is None
+    assert helpers.flops.dense_peak_flops(torch.device("cpu"), torch.bfloat16) is None
 
 
 # Run in a fresh interpreter: the test process carries over a gigabyte of earlier tests' state (mapped

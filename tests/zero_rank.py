@@ -20,7 +20,7 @@ def zero_rank(rank: int, world_size: int, port: int, settings: list, results) ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    import helpers
+    import helpers.sharding
 
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
     for stage, offload in settings:
@@ -49,7 +49,9 @@ def zero_rank(rank: int, world_size: int, port: int, settings: list, results) ->
             engine.step()
             losses.append(loss.item())
         offloaded = bool(getattr(engine.optimizer, "offload_optimizer", False))
-        results.put(((stage, offload), rank, helpers.zero_partition_fraction(engine), losses, offloaded))
+        results.put(
+            ((stage, offload), rank, helpers.sharding.zero_partition_fraction(engine), losses, offloaded)
+        )
         engine.destroy()
     torch.distributed.destroy_process_group()
 
