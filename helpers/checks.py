@@ -49,6 +49,14 @@ def _common(p: dict, total_steps: int | None = None) -> None:
     check_choice("USE_GPU", p["USE_GPU"], [True, False])
     check_choice("PLACEMENT_STRATEGY", p["PLACEMENT_STRATEGY"], PLACEMENTS)
     check_kill_step("KILL_WORKER_AT_STEP", p["KILL_WORKER_AT_STEP"], p["NUM_WORKERS"], total_steps)
+    if "MAX_FAILURES" in p:
+        check_int("MAX_FAILURES", p["MAX_FAILURES"], minimum=-1)
+        if p["MAX_FAILURES"] == 0 and p["KILL_WORKER_AT_STEP"]:
+            raise ParameterError(
+                f"MAX_FAILURES=0 with KILL_WORKER_AT_STEP={p['KILL_WORKER_AT_STEP']}: the planned kill would end "
+                "the run, with no restart to show. Use MAX_FAILURES >= 1 (or -1: no limit), or "
+                "KILL_WORKER_AT_STEP=0."
+            )
     check_storage_path("STORAGE_PATH", p["STORAGE_PATH"])
     if "CPUS_PER_WORKER" in p:
         _check_cpus_per_worker(p)

@@ -35,6 +35,12 @@ def _batch_size_cases(a_parameter: str) -> dict:
 
 # (parameters, expected exception name, words the message must contain)
 CASES = {
+    # The planned kill with no restart allowed would end the run instead of showing the resume.
+    "kill_without_restarts": (
+        {"SMOKE_TEST": True, "MAX_FAILURES": 0},
+        "ParameterError",
+        ["MAX_FAILURES=0", "KILL_WORKER_AT_STEP=18"],
+    ),
     "zero_stage_4": ({"SMOKE_TEST": True, "ZERO_STAGE": 4}, "ParameterError", ["ZERO_STAGE=4", "0, 1, 2, 3"]),
     # NUM_WORKERS=0 is refused by the check every notebook shares (helpers.checks._common): run here only.
     "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),

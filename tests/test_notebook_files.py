@@ -127,3 +127,15 @@ def test_the_header_states_the_full_scale_cost(name):
     # "USD", not "$": JupyterLab and MyST read two dollar signs in one paragraph as a formula
     shown = f"USD {cost:,.0f}" if cost >= 100 else f"USD {cost:.2f}"
     assert shown in nb.cells[0].source, (shown, nb.cells[0].source)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_restarts_are_a_run_setting_and_starts_are_retried_without_limit(path):
+    """`FailureConfig(max_failures=MAX_FAILURES)`: a cluster user sets how many worker failures a long run
+    survives; no `controller_failure_limit`, which would end a run whose worker group waits for nodes an
+    autoscaler is still provisioning (Ray's default: retried without limit)."""
+    nb = nbformat.read(path, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "MAX_FAILURES = " in nb.cells[1].source
+    assert "FailureConfig(max_failures=MAX_FAILURES)" in code
+    assert "controller_failure_limit" not in code
