@@ -71,16 +71,15 @@ class RunLog:
 
     def rank_facts(self, rank: int, facts: dict) -> None:
         """What worker `rank` measured (e.g. its node, its share of the model state); a later attempt's
-        facts replace an earlier one's here, and each attempt keeps its own (`attempt_losses`)."""
+        facts replace an earlier one's here, and each attempt keeps its own (`attempt_losses`). Facts with
+        `resume_bytes` and `checkpoint_bytes` say what the rank fetched of the checkpoint it resumed from
+        (`kill_summary`); a later resume replaces its number."""
         self._ranks[int(rank)] = dict(facts)
         if self.attempts:
             self.attempts[-1]["ranks"][int(rank)] = dict(facts)
-
-    def checkpoint_fetched(self, rank: int, bytes_fetched: int, checkpoint_bytes: int) -> None:
-        """Worker `rank` fetched `bytes_fetched` of a checkpoint of `checkpoint_bytes` to resume (the
-        folder of `helpers.storage.checkpoint_folder` says both); a later resume replaces its number."""
-        self._fetched[int(rank)] = int(bytes_fetched)
-        self._checkpoint_bytes = int(checkpoint_bytes)
+        if "resume_bytes" in facts:
+            self._fetched[int(rank)] = int(facts["resume_bytes"])
+            self._checkpoint_bytes = int(facts["checkpoint_bytes"])
 
     def start_attempt(self, resumed_from_step: int, world_size: int | None = None, **facts) -> int:
         """A worker group started (rank 0 says so), resuming after `resumed_from_step` (0: from the start),
@@ -190,7 +189,7 @@ class RunLog:
 
     def kill_summary(self) -> dict | None:
         """`{"at_step", "resumed_from_step", "restarts", "replayed_steps", "replayed_max_abs_diff"}`, and
-        where the workers said what they fetched to resume (`checkpoint_fetched`), `"resume_bytes_per_rank"`
+        where the workers said what they fetched to resume (`rank_facts`), `"resume_bytes_per_rank"`
         (by rank) and `"checkpoint_bytes"`."""
         if self.killed_at is None:
             return None

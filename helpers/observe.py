@@ -136,11 +136,9 @@ class _Watching:
 
         self.started = True
         self.facts = {"node_id": ray.get_runtime_context().get_node_id(), **facts}
-        if (
-            fetched := fetched or _take_last_fetch()
-        ):  # what this worker read of the checkpoint it resumed from
+        fetched = fetched or _take_last_fetch()  # what this worker read of the checkpoint it resumed from
+        if fetched:
             self.facts.update(resume_bytes=fetched[0], checkpoint_bytes=fetched[1])
-            self.watch.run_log.checkpoint_fetched.remote(self.rank, *fetched)
         self.watch.run_log.rank_facts.remote(self.rank, self.facts)
 
     def _more_facts(self, **facts) -> None:
@@ -234,15 +232,15 @@ class Observer(_Watching):
             import torch
 
             from .flops import dense_peak_flops
+            from .fsdp import param_shard_fraction
             from .plan import state_bytes
 
             params = list(self.model.parameters())
             total = sum(p.numel() for p in params)  # a DTensor's numel() is the whole parameter's
-            local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
             facts = {
                 "num_params": total,
                 "trainable_params": sum(p.numel() for p in params if p.requires_grad),
-                "shard_fraction": local / total,
+                "shard_fraction": param_shard_fraction(self.model, total),
                 "threads": torch.get_num_threads(),
                 "peak_flops": dense_peak_flops(params[0].device, torch.bfloat16),  # None: not a known GPU
             }

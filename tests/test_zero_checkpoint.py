@@ -131,8 +131,8 @@ def test_run_log_keeps_what_each_resuming_rank_fetched():
     log.start_attempt(0)
     log.log(1, 5.0)
     assert log.claim_kill(2)
-    log.checkpoint_fetched(1, 600, 1000)
-    log.checkpoint_fetched(0, 620, 1000)
+    log.rank_facts(1, {"resume_bytes": 600, "checkpoint_bytes": 1000})  # as each rank's observer says
+    log.rank_facts(0, {"resume_bytes": 620, "checkpoint_bytes": 1000})
     log.start_attempt(1)
     summary = log.kill_summary()
     assert summary["resume_bytes_per_rank"] == [620, 600] and summary["checkpoint_bytes"] == 1000
