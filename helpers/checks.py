@@ -123,6 +123,46 @@ def _check_min_workers(notebook: str, p: dict) -> None:
                 f"MIN_WORKERS={value}: after losing workers the run would continue on {value}, where it does "
                 f"not fit: {rows}. Raise MIN_WORKERS: fewer workers hold bigger shards." + lora
             )
+    _check_elastic_save_interval(p)
+
+
+# An elastic run restarts from its last checkpoint at every resize (a node lost, or one back): up to
+# SAVE_STEPS - 1 steps run again each time. Above this many hours of them (at the post's speed), Set up warns.
+ELASTIC_REWIND_WARN_H = 1.0
+
+
+def _step_seconds(p: dict) -> float | None:
+    """One optimizer step's estimated time on the GPUs of `CLUSTER` at the post's MFU (`POST_MFU`), counting
+    6 x params FLOPs per token; None without GPUs or a known bf16 peak (a CPU run)."""
+    from .plan import NODE_TYPES, model_config, model_size
+
+    gpus = [NODE_TYPES[t].gpu for t in p.get("CLUSTER", {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
+    peak = _bf16_peak(gpus[0]) if gpus and p.get("USE_GPU") else None
+    if not peak:
+        return None
+    params = model_size(model_config(p["MODEL_NAME"])).params
+    tokens = p["NUM_WORKERS"] * p["BATCH_SIZE_PER_WORKER"] * p.get("GRADIENT_ACCUMULATION_STEPS", 1)
+    tokens *= p["MAX_SEQ_LEN"]
+    return 6 * params * tokens / (p["NUM_WORKERS"] * peak * POST_MFU)
+
+
+def _check_elastic_save_interval(p: dict) -> None:
+    """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training."""
+    import warnings
+
+    step_s = _step_seconds(p)
+    if step_s is None or (p["SAVE_STEPS"] - 1) * step_s <= ELASTIC_REWIND_WARN_H * 3600:
+        return
+    bound = max(1, int(ELASTIC_REWIND_WARN_H * 3600 // step_s) + 1)
+    warnings.warn(
+        f"SAVE_STEPS={p['SAVE_STEPS']} with MIN_WORKERS={p['MIN_WORKERS']}: every resize (a node lost, or one "
+        f"back) restarts from the last checkpoint, so up to {p['SAVE_STEPS'] - 1} steps run again, about "
+        f"{(p['SAVE_STEPS'] - 1) * step_s / 3600:.1f} h of {p['NUM_WORKERS']} GPUs at the post's speed "
+        f"({step_s:.0f} s a step), and a spot node that keeps coming and going can stop the run's progress. "
+        f"SAVE_STEPS={bound} or fewer keeps that under {ELASTIC_REWIND_WARN_H:g} h, for a checkpoint write "
+        f"every {bound} steps.",
+        stacklevel=2,
+    )
 
 
 def _check_cpus_per_worker(p: dict) -> None:

@@ -272,3 +272,31 @@ def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
     assert table.loc[("p4de.24xlarge", "LoRA r=16")]["hours (estimate)"] == 18.0
     # Rank 0 loads the whole model: a 192 GiB g5.12xlarge cannot, however many there are.
     assert table.loc[("g5.12xlarge", "LoRA r=16")]["too big"] == "host RAM while loading"
+
+
+def test_an_elastic_run_that_would_repeat_hours_at_each_resize_is_warned_about():
+    # Each resize of an elastic run restarts from the last checkpoint: with the post's SAVE_STEPS=250, up to
+    # 249 steps of about 97 s (the post's speed: 13.5 h for 500 steps) run again. Three p4de nodes, going on
+    # with two (16 workers: the fewest on which full fine-tuning of 70B fits) after losing one.
+    import warnings
+
+    import helpers.checks
+
+    elastic = {
+        **LLAMA_FULL_SCALE,
+        "CLUSTER": {"p4de.24xlarge": 3},
+        "NUM_WORKERS": 24,
+        "MIN_WORKERS": 16,
+        "GRADIENT_ACCUMULATION_STEPS": 1,
+        "SAVE_STEPS": 250,
+    }
+    helpers.checks._check_min_workers("llama_fsdp", {**elastic, "SAVE_STEPS": 38})  # it fits on 16
+    with pytest.warns(
+        UserWarning,
+        match=r"SAVE_STEPS=250 with MIN_WORKERS=16: .* 6\.7 h of 24 GPUs .*SAVE_STEPS=38 or fewer",
+    ):
+        helpers.checks._check_elastic_save_interval(elastic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        helpers.checks._check_elastic_save_interval({**elastic, "SAVE_STEPS": 38})  # the bound it names
+        helpers.checks._check_elastic_save_interval({**elastic, "USE_GPU": False})  # CPU: no estimate
