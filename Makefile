@@ -52,7 +52,7 @@ SPHINX_OPTS := -W --keep-going -E -b html  # warnings are errors (all reported),
 # DOCS_EXECUTE is on unless unset or 0/false/no (as docs/conf.py reads it)
 DOCS_EXECUTED := $(filter-out 0 false False FALSE no No NO,$(DOCS_EXECUTE))
 
-.PHONY: install lab run test docs lint clean cluster-up cluster-down cluster-kill-node cluster-add-node cluster-pause-storage job
+.PHONY: install lab run test docs lint clean plan cluster-up cluster-down cluster-kill-node cluster-add-node cluster-pause-storage job
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -120,6 +120,12 @@ job: install
 	@test -f "$(ROOT)/cluster.env" || { echo "No $(ROOT)/cluster.env: start the local cluster first (make cluster-up)."; exit 1; }
 	@test -n "$(NOTEBOOK)" || { echo "NOTEBOOK=<name> is required, e.g. make job NOTEBOOK=glue_text_classification"; exit 1; }
 	. "$(ROOT)/cluster.env" && "$(ROOT)/$(BIN)/python" "$(ROOT)/ci/submit_job.py" $(NOTEBOOK) $(JOB_ARGS) $(ARGS)
+
+# A notebook's "will it fit?" plan for its full-scale values, offline, without running it (ci/plan.py):
+# make plan NOTEBOOK=llama_fsdp ARGS="-p NUM_WORKERS 8". Exits 2 where the run would not fit.
+plan: install
+	@test -n "$(NOTEBOOK)" || { echo "NOTEBOOK=<name> is required, e.g. make plan NOTEBOOK=llama_fsdp"; exit 1; }
+	$(BIN)/python ci/plan.py $(NOTEBOOK) $(ARGS)
 
 # Storage that stalls: the bucket answers nothing for SECONDS (the S3 server paused, then resumed).
 SECONDS ?= 25

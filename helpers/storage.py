@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import os
 import re
@@ -153,6 +154,50 @@ def uri(filesystem, path: str) -> str:
 READ_BUFFER = 64 * 1024 * 1024
 
 
+class _OpenOnFirstRead(io.RawIOBase):
+    """A file on a pyarrow filesystem, opened by its first read rather than before: opening asks the
+    storage (an S3 HEAD), and the first read is the call `dcp_reader` gives a deadline. Each read is one
+    read at an offset (`read_at`: one ranged GET)."""
+
+    def __init__(self, filesystem, path: str) -> None:
+        super().__init__()
+        self._fs, self._path, self._file, self._pos = filesystem, path, None, 0
+
+    def _opened(self):
+        file = self._file
+        if file is None:  # a try given up while opening leaves it None: the next try opens its own
+            file = self._file = self._fs.open_input_file(self._path)
+        return file
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read_at(self, nbytes: int, offset: int) -> bytes:
+        return self._opened().read_at(nbytes, offset)
+
+    def readinto(self, buffer) -> int:
+        data = self.read_at(len(buffer), self._pos)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos}.get(whence)
+        self._pos = (self._opened().size() if base is None else base) + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        super().close()
+
+
 def _torch_fsspec_filesystem(filesystem):
     """torch's distributed-checkpoint filesystem over a pyarrow `filesystem` (Ray Train's storage)."""
     from fsspec.implementations.arrow import ArrowFSWrapper
@@ -174,7 +219,7 @@ def _torch_fsspec_filesystem(filesystem):
                 return
             # Reads through a 64 MB buffer: torch.load makes many small reads, and each unbuffered read
             # of an object store file is one ranged GET (seen: minutes for the smoke run's 310 MB shard).
-            with filesystem.open_input_file(str(path)) as raw:
+            with _OpenOnFirstRead(filesystem, str(path)) as raw:
                 yield io.BufferedReader(raw, buffer_size=READ_BUFFER)
 
     return PyArrowFileSystem()
@@ -237,10 +282,20 @@ class _Abandonable:
 STREAM_FILE_BYTES = 1 << 30
 
 
-def _with_deadline(what: str, size: int, work, *, stall_s: float, min_rate: float, tries: int, stalls: list):
+def _with_deadline(
+    what: str,
+    size: int,
+    work,
+    *,
+    stall_s: float,
+    min_rate: float,
+    tries: int,
+    stalls: list,
+    done: str = "written",
+):
     """`work()` in a thread that has `stall_s` plus `size` at `min_rate` to finish; after a stall or an
-    OSError, given up (its stream never written or closed again), recorded in `stalls`, and run again
-    after a backoff, up to `tries` tries; then `StorageStalled`."""
+    OSError, given up (a write's stream never written or closed again), recorded in `stalls`, and run
+    again after a backoff, up to `tries` tries; then `StorageStalled` (`what` was not `done`)."""
     import logging
     import time
 
@@ -265,12 +320,12 @@ def _with_deadline(what: str, size: int, work, *, stall_s: float, min_rate: floa
             finally:
                 _ABANDONED.pop(threading.get_ident(), None)
 
-        thread = threading.Thread(target=run, name=f"dcp-write-{what.rsplit('/', 1)[-1]}", daemon=True)
+        thread = threading.Thread(target=run, name=f"dcp-{what.rsplit('/', 1)[-1]}", daemon=True)
         thread.start()
         thread.join(deadline)
         if "result" in outcome:
             if attempt > 1:
-                log.warning("%s: written on try %d of %d", what, attempt, tries)
+                log.warning("%s: %s on try %d of %d", what, done, attempt, tries)
             return outcome["result"]
         abandoned.set()
         if "error" in outcome and not isinstance(outcome["error"], OSError):
@@ -281,9 +336,14 @@ def _with_deadline(what: str, size: int, work, *, stall_s: float, min_rate: floa
         if attempt < tries:
             time.sleep(min(2 ** (attempt - 1), 30))  # backoff: 1, 2, 4, ... s
     raise StorageStalled(
-        f"{what}: not written in {tries} tries ({deadline:.0f} s each, last: {problem}). The storage "
-        "stalled or failed: this checkpoint is not registered, and the run restarts from the last one "
-        "that is."
+        f"{what}: not {done} in {tries} tries ({deadline:.0f} s each, last: {problem}). The storage "
+        + (
+            "stalled or failed: this checkpoint is not registered, and the run restarts from the last one "
+            "that is."
+            if done == "written"
+            else "stalled or failed while this checkpoint was read: the attempt fails, and Ray Train's "
+            "next one reads it again."
+        )
     )
 
 
@@ -357,7 +417,13 @@ def dcp_writer(
     return writer
 
 
-def dcp_reader(filesystem, path: str):
+def dcp_reader(
+    filesystem,
+    path: str,
+    stall_s: float = STALL_S,
+    min_rate: float = MIN_WRITE_RATE,
+    tries: int = WRITE_TRIES,
+):
     """A `torch.distributed.checkpoint` reader for a checkpoint at `path` on a pyarrow `filesystem`.
 
     Each rank reads only the byte ranges it needs (its shard; or only the model's weights and not the
@@ -365,6 +431,10 @@ def dcp_reader(filesystem, path: str):
     no particular order through one buffered stream, and each short read after a long seek would refill
     the whole buffer. `reader.bytes_read` counts what it fetched (the `.metadata` index included). The
     Llama and Dolly notebooks resume with it, and Dolly's generation task reads the weights.
+
+    Each read has a deadline, as `dcp_writer`'s writes do (`stall_s` plus its size at `min_rate`, `tries`
+    tries, `reader.stalls`): a stalled bucket fails the load with `StorageStalled` in minutes, not at the
+    collective timeout of the ranks waiting for this one.
     """
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -376,7 +446,8 @@ def dcp_reader(filesystem, path: str):
             # DCP's index of the checkpoint (`.metadata`), fetched once: torch asks for it again in each
             # load, and a resume loads twice (the model, then the optimizer state).
             if self._metadata is None:
-                self._metadata = super().read_metadata(*args, **kwargs)
+                read = functools.partial(FsspecReader.read_metadata, self, *args, **kwargs)
+                self._metadata = _with_deadline(f"{path}/.metadata", 0, read, **bounds)
                 self.bytes_read += filesystem.get_file_info(f"{path}/.metadata").size
             metadata = copy.deepcopy(self._metadata)
             metadata.storage_meta.load_id = self.load_id
@@ -385,9 +456,13 @@ def dcp_reader(filesystem, path: str):
         def _slice_file(self, file, sinfo):
             # `file` is the buffered stream of `create_stream`; its raw pyarrow file reads at an offset.
             self.bytes_read += sinfo.length
-            return io.BytesIO(file.raw.read_at(sinfo.length, sinfo.offset))
+            what = f"{path}/{sinfo.relative_path} ({sinfo.length} bytes at {sinfo.offset})"
+            read = functools.partial(file.raw.read_at, sinfo.length, sinfo.offset)
+            return io.BytesIO(_with_deadline(what, sinfo.length, read, **bounds))
 
     reader = RangeReader(path)
+    reader.stalls = []  # each try given up: {"file", "try", "problem"}
+    bounds = dict(stall_s=stall_s, min_rate=min_rate, tries=tries, stalls=reader.stalls, done="read")
     reader.fs = _torch_fsspec_filesystem(filesystem)
     reader.path = path
     _LAST_READ[:] = [reader, filesystem, path]  # for this worker's observer: what resuming read

@@ -193,29 +193,32 @@ def test_make_clean_touches_only_the_project_and_waits_for_the_cluster(ray_clust
     assert idle.returncode == 1 and str(CLUSTER_DIR) in idle.stderr, idle.stderr
 
 
-def _stalls_when_writing(writer, seconds: float, stalls: list) -> None:
-    """The test cluster's bucket stops answering for `seconds` (`make cluster-pause-storage`) as `writer`
-    starts writing its data files: in the middle of a checkpoint write, after DCP has planned it."""
+def _stalls_when_moving_data(storage, seconds: float, stalls: list) -> None:
+    """The test cluster's bucket stops answering for `seconds` (`make cluster-pause-storage`) as `storage`
+    (a DCP writer or reader) starts on its data files: in the middle of a checkpoint's write or read, after
+    DCP has planned it and read the index."""
     sys.path.insert(0, str(ROOT / "ci"))
     import local_cluster
 
-    write_data = writer.write_data
+    method = "write_data" if hasattr(storage, "write_data") else "read_data"
+    move_data = getattr(storage, method)
 
     def stalled(*args, **kwargs):
         pause = threading.Thread(target=local_cluster.pause_storage, args=(CLUSTER_DIR, seconds), daemon=True)
         pause.start()
         stalls.append(pause)
         time.sleep(0.2)
-        return write_data(*args, **kwargs)
+        return move_data(*args, **kwargs)
 
-    writer.write_data = stalled
+    setattr(storage, method, stalled)
 
 
-def test_a_checkpoint_write_outlasts_a_stalled_bucket_or_fails_cleanly(ray_cluster):
-    """helpers.storage.dcp_writer (the Llama notebook's sharded checkpoints) against the S3 server paused
-    (SIGSTOP): each try of a file has a deadline; a stall shorter than the tries' budget costs only time, and
-    the checkpoint loads back equal; a longer one fails the save with `StorageStalled`, and the folder never
-    gets DCP's index, so nothing can mistake it for a checkpoint."""
+def test_a_checkpoint_write_or_read_outlasts_a_stalled_bucket_or_fails_cleanly(ray_cluster):
+    """helpers.storage.dcp_writer and dcp_reader (the Llama notebook's sharded checkpoints) against the S3
+    server paused (SIGSTOP): each try of a file's write or of a range's read has a deadline; a stall shorter
+    than the tries' budget costs only time, and the checkpoint loads back equal; a longer one fails the save
+    with `StorageStalled`, and the folder never gets DCP's index, so nothing can mistake it for a
+    checkpoint."""
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -227,7 +230,7 @@ def test_a_checkpoint_write_outlasts_a_stalled_bucket_or_fails_cleanly(ray_clust
 
     pauses: list = []
     writer = helpers.storage.dcp_writer(fs, f"{root}/stall-test/outlasted", tries=4, **quick)
-    _stalls_when_writing(writer, 3.0, pauses)
+    _stalls_when_moving_data(writer, 3.0, pauses)
     start = time.monotonic()
     dcp.save(state, storage_writer=writer)  # one process, no process group
     took = time.monotonic() - start
@@ -237,18 +240,23 @@ def test_a_checkpoint_write_outlasts_a_stalled_bucket_or_fails_cleanly(ray_clust
     assert [s["try"] for s in writer.stalls] in ([1], [1, 2]), writer.stalls
     assert all(s["problem"] == "not done in 1 s" for s in writer.stalls), writer.stalls
     assert 2.8 < took < 15, took
+    # The same stall while the checkpoint is read back: the ranged read given up after 1 s is read again.
     loaded = {"w": torch.zeros(1024, 2048), "b": torch.zeros(1000)}
-    dcp.load(loaded, storage_reader=helpers.storage.dcp_reader(fs, f"{root}/stall-test/outlasted"))
+    reader = helpers.storage.dcp_reader(fs, f"{root}/stall-test/outlasted", tries=4, **quick)
+    _stalls_when_moving_data(reader, 3.0, pauses)
+    dcp.load(loaded, storage_reader=reader)
+    pauses[1].join()
+    assert reader.stalls and all(s["problem"] == "not done in 1 s" for s in reader.stalls), reader.stalls
     assert all(torch.equal(loaded[k], state[k]) for k in state)
 
     writer = helpers.storage.dcp_writer(fs, f"{root}/stall-test/failed", tries=2, **quick)
-    _stalls_when_writing(writer, 5.0, pauses)
+    _stalls_when_moving_data(writer, 5.0, pauses)
     from torch.distributed.checkpoint.api import CheckpointException
 
     with pytest.raises(CheckpointException) as failed:  # DCP reports each rank's failure
         dcp.save(state, storage_writer=writer)
     assert "StorageStalled" in str(failed.value) and "not written in 2 tries" in str(failed.value)
-    pauses[1].join()
+    pauses[2].join()
     time.sleep(1.0)  # the given-up tries' threads, answered at last, must not complete the checkpoint
     import pyarrow.fs as pafs
 

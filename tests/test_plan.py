@@ -300,3 +300,22 @@ def test_an_elastic_run_that_would_repeat_hours_at_each_resize_is_warned_about()
         warnings.simplefilter("error")
         helpers.checks._check_elastic_save_interval({**elastic, "SAVE_STEPS": 38})  # the bound it names
         helpers.checks._check_elastic_save_interval({**elastic, "USE_GPU": False})  # CPU: no estimate
+
+
+def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fit(capsys):
+    # `make plan NOTEBOOK=llama_fsdp [ARGS=...]` (ci/plan.py): the notebook's "Will it fit?" table for the
+    # values of its parameters cell, offline, without running it; papermill's -p values over them.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ci"))
+    import plan
+
+    assert plan.main(["llama_fsdp"]) == 0
+    out = capsys.readouterr().out
+    assert "68,976,648,192 parameters" in out and "A100-80GB" in out and "It fits:" in out
+    # One p4de for full fine-tuning of 70B: the GPU row is too big, and the refusal says what to change.
+    assert plan.main(["llama_fsdp", "-p", "NUM_WORKERS", "8", "-p", "CLUSTER", "{'p4de.24xlarge': 1}"]) == 2
+    assert "Does not fit" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="llama_fsdp has no parameter NUM_WORKER"):
+        plan.main(["llama_fsdp", "-p", "NUM_WORKER", "8"])

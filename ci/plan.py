@@ -1,0 +1,88 @@
+"""A notebook's "will it fit?" plan, offline, without running it: `make plan NOTEBOOK=llama_fsdp [ARGS=...]`.
+
+    python ci/plan.py NOTEBOOK [-p NAME VALUE ...]
+
+The plan the notebook's Set up cell works out (`helpers.check_parameters`), for the values of its parameters
+cell (the full-scale run) with papermill's `-p NAME VALUE` arguments over them: GPU memory, host RAM and
+disk per node, from the model's architecture alone (nothing downloaded; the notebooks' Hub models have
+their configs in `helpers/architectures/`). It prints the table that the notebook's "Will it fit?" section
+shows, checks the values as the notebook would (a run on `MIN_WORKERS` must fit too; the storage, the model
+and the data belong to the cluster and are not checked), and exits 2 where the run would not fit, naming
+what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parameters(notebook: str, overrides: list[tuple[str, str]]) -> dict:
+    """The notebook's parameters cell, run here (SMOKE_TEST as the environment says: unset, False), with
+    `overrides` (papermill's `-p` values: a Python literal, or else the string) over it."""
+    path = ROOT / "notebooks" / f"{notebook}.ipynb"
+    if not path.exists():
+        known = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+        raise SystemExit(f"NOTEBOOK={notebook!r}: no notebooks/{notebook}.ipynb; one of {known}")
+    cells = json.loads(path.read_text())["cells"]
+    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    namespace: dict = {}
+    exec("".join(cell["source"]), namespace)  # noqa: S102 - the project's own notebook
+    for name, text in overrides:
+        if name not in namespace:
+            raise SystemExit(f"-p {name}: {notebook} has no parameter {name}")
+        try:
+            namespace[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            namespace[name] = text
+    return {k: v for k, v in namespace.items() if k.isupper()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebook", help="e.g. llama_fsdp")
+    parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    import pandas as pd
+
+    p = parameters(args.notebook, args.p)
+    pd.set_option("display.width", 200)
+    with tempfile.TemporaryDirectory(prefix="plan-") as storage:
+        p["STORAGE_PATH"] = storage  # the cluster's storage is not checked from here
+        return _plan(args.notebook, p)
+
+
+def _plan(notebook: str, p: dict) -> int:
+    from helpers import ParameterError, checks
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *_: print(f"Warning: {message}\n")
+        try:
+            rules, _ = checks._notebook(notebook)
+            rules(p)
+            checks._check_min_workers(notebook, p)
+            plan = checks.plan_for(notebook, p)
+            if plan is None:
+                print(f"{notebook} has no memory plan.")
+                return 0
+            table = plan.table()
+            print(table.drop(columns="main terms").to_string() + "\n")
+            print("\n".join(f"{what}: {terms}" for what, terms in table["main terms"].items()) + "\n")
+            plan.check()
+        except ParameterError as exc:
+            print(f"Does not fit, or not allowed: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
