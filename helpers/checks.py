@@ -124,6 +124,7 @@ def _check_min_workers(notebook: str, p: dict) -> None:
                 f"not fit: {rows}. Raise MIN_WORKERS: fewer workers hold bigger shards." + lora
             )
     _check_elastic_save_interval(p)
+    _check_elastic_padding(p)
 
 
 # An elastic run restarts from its last checkpoint at every resize (a node lost, or one back): up to
@@ -161,6 +162,33 @@ def _check_elastic_save_interval(p: dict) -> None:
         f"({step_s:.0f} s a step), and a spot node that keeps coming and going can stop the run's progress. "
         f"SAVE_STEPS={bound} or fewer keeps that under {ELASTIC_REWIND_WARN_H:g} h, for a checkpoint write "
         f"every {bound} steps.",
+        stacklevel=2,
+    )
+
+
+def _check_elastic_padding(p: dict) -> None:
+    """Warn where a world size the elastic run may go on with does not divide the global batch: each rank
+    then runs ceil(global / (world x batch)) micro-steps, the last ones short or empty (weight 0), so a step
+    takes up to that many micro-steps' time for the same sequences."""
+    import math
+    import warnings
+
+    batch = p["BATCH_SIZE_PER_WORKER"]
+    sequences = p["NUM_WORKERS"] * batch * p.get("GRADIENT_ACCUMULATION_STEPS", 1)
+    cost = {
+        w: math.ceil(sequences / (w * batch)) * w * batch / sequences
+        for w in range(_min_workers(p), p["NUM_WORKERS"])
+    }
+    worst = max(cost, key=cost.get, default=None)
+    if worst is None or cost[worst] < 1.25:
+        return
+    fewest = _min_workers(p)
+    warnings.warn(
+        f"MIN_WORKERS={fewest}: on {fewest} to {p['NUM_WORKERS'] - 1} workers, a world size that does not divide "
+        f"the global batch of {sequences} sequences pads each step with sequences of weight 0 (micro-steps of "
+        f"world x {batch}): up to {cost[worst]:.2f}x the compute the step needs (on {worst} workers; on "
+        f"{fewest}: {cost[fewest]:.2f}x). Until the run grows back, its steps are that much slower than the "
+        "sequences they train on.",
         stacklevel=2,
     )
 
