@@ -516,8 +516,16 @@ def _bf16_peak(gpu: str) -> float | None:
     return _CUDA_FLOPS.get(_FLOPS_NAMES.get(gpu, ""), {}).get(torch.bfloat16)
 
 
-def cheapest_shapes(notebook: str, p: dict, lora_rank: int = 16, mfu: float = POST_MFU, max_nodes: int = 32):
-    """For each GPU instance type with a price (`helpers.cost.INSTANCE_PRICES`): the fewest nodes on which
+def cheapest_shapes(
+    notebook: str,
+    p: dict,
+    lora_rank: int = 16,
+    mfu: float = POST_MFU,
+    max_nodes: int = 32,
+    prices: dict[str, float] | None = None,
+):
+    """For each GPU instance type with a price (`prices`, {instance type: USD per hour}; by default
+    `helpers.cost.INSTANCE_PRICES`, AWS on demand in us-east-1, dated in the column's name): the fewest nodes on which
     `notebook`'s run with parameters `p` fits, for full fine-tuning and for LoRA at `lora_rank`, with the
     price per hour, and an estimated wall time and cost of `MAX_STEPS` steps; sorted by cost.
 
@@ -526,19 +534,26 @@ def cheapest_shapes(notebook: str, p: dict, lora_rank: int = 16, mfu: float = PO
     training as `p` (its global batch of NUM_WORKERS x BATCH_SIZE_PER_WORKER x GRADIENT_ACCUMULATION_STEPS
     sequences, MAX_STEPS times) at `mfu` (`POST_MFU`: the post's run) of the GPUs' dense bf16 peak
     (Lightning's table), counting 6 x params model FLOPs per token for full fine-tuning and 4 x params
-    for LoRA (no weight gradients for the frozen base). Instance types without bf16 (T4s) are left out.
+    for LoRA (no weight gradients for the frozen base); a step takes as long as each GPU's share of the
+    global batch, rounded up to whole micro-steps, so GPUs beyond the batch add cost and no speed.
+    Instance types without bf16 (T4s) are left out.
     """
+    import math
+
     import pandas as pd
 
-    from .cost import INSTANCE_PRICES
+    from .cost import INSTANCE_PRICES, PRICES_AS_OF
     from .plan import NODE_TYPES, model_config, model_size
 
+    hourly = f"USD per hour ({PRICES_AS_OF if prices is None else 'yours'})"
+    prices = INSTANCE_PRICES if prices is None else prices
+
     params = model_size(model_config(p["MODEL_NAME"])).params
-    sequences = p["NUM_WORKERS"] * p["BATCH_SIZE_PER_WORKER"] * p.get("GRADIENT_ACCUMULATION_STEPS", 1)
-    tokens = p["MAX_STEPS"] * sequences * p["MAX_SEQ_LEN"]
+    batch = p["BATCH_SIZE_PER_WORKER"]
+    sequences = p["NUM_WORKERS"] * batch * p.get("GRADIENT_ACCUMULATION_STEPS", 1)  # the global batch
     rows = []
     for name, node in NODE_TYPES.items():
-        if not node.gpus or name not in INSTANCE_PRICES or not node.bf16:
+        if not node.gpus or name not in prices or not node.bf16:
             continue  # no price to compare, or no bf16 (T4s): the recipe computes in bf16
         peak = _bf16_peak(node.gpu)
         for method, rank, flops_per_token in (("full", 0, 6), (f"LoRA r={lora_rank}", lora_rank, 4)):
@@ -554,15 +569,18 @@ def cheapest_shapes(notebook: str, p: dict, lora_rank: int = 16, mfu: float = PO
                 )
                 continue
             gpus = count * node.gpus
-            hours = flops_per_token * params * tokens / (gpus * peak * mfu) / 3600 if peak else None
-            price = count * INSTANCE_PRICES[name]
+            # Each GPU runs ceil(global batch / (GPUs x batch)) micro-steps a step, padded with sequences of
+            # weight 0 where the GPUs do not divide the batch: more GPUs than sequences only wait.
+            per_gpu = math.ceil(sequences / (gpus * batch)) * batch * p["MAX_SEQ_LEN"] * p["MAX_STEPS"]
+            hours = flops_per_token * params * per_gpu / (peak * mfu) / 3600 if peak else None
+            price = count * prices[name]
             rows.append(
                 {
                     "instance": name,
                     "method": method,
                     "nodes": count,
                     "GPUs": f"{gpus} x {node.gpu}",
-                    "USD per hour": round(price, 2),
+                    hourly: round(price, 2),
                     "hours (estimate)": None if hours is None else round(hours, 1),
                     "USD (estimate)": None if hours is None else round(hours * price),
                     "GPU memory (plan)": f"{plan.rows[0].share:.0%}",

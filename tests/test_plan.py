@@ -256,22 +256,39 @@ def test_llama_70b_lora_fits_one_node_where_full_fine_tuning_does_not():
 def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
     import helpers.checks
 
-    table = helpers.checks.cheapest_shapes(
-        "llama_fsdp", {**LLAMA_FULL_SCALE, "MAX_STEPS": 500, "LORA_RANK": 0}
-    )
-    assert list(table.index[:4]) == [
+    p = {**LLAMA_FULL_SCALE, "MAX_STEPS": 500, "LORA_RANK": 0}
+    table = helpers.checks.cheapest_shapes("llama_fsdp", p)
+    assert list(table.index[:6]) == [
+        ("p5.48xlarge", "LoRA r=16"),
         ("p4d.24xlarge", "LoRA r=16"),
+        ("p5.48xlarge", "full"),
         ("p4de.24xlarge", "LoRA r=16"),
-        ("p4d.24xlarge", "full"),
         ("p4de.24xlarge", "full"),
+        ("p4d.24xlarge", "full"),
     ]
-    # The post's shape, at the MFU its own run implies: its 13.5 h and USD 1,106, by construction.
+    # The prices' date and source in the column's name (AWS on demand after the June 2025 cut for P4/P5).
+    assert "USD per hour (AWS on demand, us-east-1, 2025-06)" in table.columns
+    # The post's shape, at the MFU its own run implies: its 13.5 h by construction, USD 741 at today's price.
     post = table.loc[("p4de.24xlarge", "full")]
-    assert post["nodes"] == 2 and post["hours (estimate)"] == 13.5 and post["USD (estimate)"] == 1106
-    # LoRA on one node: 2/3 of the model FLOPs on half the GPUs, 18 h for USD 737.
+    assert post["nodes"] == 2 and post["hours (estimate)"] == 13.5 and post["USD (estimate)"] == 741
+    # LoRA on one node: 2/3 of the model FLOPs on half the GPUs, 18 h for USD 494.
     assert table.loc[("p4de.24xlarge", "LoRA r=16")]["hours (estimate)"] == 18.0
+    # Full fine-tuning fits on 5 p4d (40 GPUs), but the post's global batch is 16 sequences: each GPU still
+    # trains one a step, so 2.5x the post's GPUs take its 13.5 h, at 2 x its price per hour.
+    assert table.loc[("p4d.24xlarge", "full")]["nodes"] == 5
+    assert table.loc[("p4d.24xlarge", "full")]["hours (estimate)"] == 13.5
+    # H100s (989 TFLOP/s dense bf16 against the A100's 312) at the same MFU: 13.5 h x 312 / 989.
+    assert table.loc[("p5.48xlarge", "full")]["hours (estimate)"] == 4.3
     # Rank 0 loads the whole model: a 192 GiB g5.12xlarge cannot, however many there are.
     assert table.loc[("g5.12xlarge", "LoRA r=16")]["too big"] == "host RAM while loading"
+    # Your prices and your MFU: the post's 2023 price gives its USD 1,106; a tuned 40 % MFU, 14x less time.
+    yours = helpers.checks.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97}, mfu=0.40)
+    assert set(yours.index.get_level_values(0)) == {"p4de.24xlarge"} and "USD per hour (yours)" in yours
+    assert yours.loc[("p4de.24xlarge", "full")]["hours (estimate)"] == pytest.approx(
+        13.5 * helpers.checks.POST_MFU / 0.40, abs=0.05
+    )
+    then = helpers.checks.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97})
+    assert then.loc[("p4de.24xlarge", "full")]["USD (estimate)"] == 1106
 
 
 def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_warned_about():
