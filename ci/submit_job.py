@@ -11,11 +11,17 @@ What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermil
 - runs `python -m papermill notebooks/<NOTEBOOK>.ipynb <STORAGE_PATH>/jobs/<job id>/<NOTEBOOK>.ipynb` there,
   with `--log-output`, so `ray job logs <job id>` shows the notebook's printed lines (`python`: the head
   node's, or `LLM_NOTEBOOKS_JOB_PYTHON`, which the local cluster's `cluster.env` sets);
-- passes `STORAGE_PATH` and `MLFLOW_TRACKING_URI` from this shell in the job's `env_vars` (never a secret:
-  Ray keeps a job's variables in its job table; the nodes' own credentials reach the bucket). A value with
-  credentials written into it (`s3://KEY:SECRET@bucket/...`), there or in a papermill argument, is refused
-  before anything records it: the job table, Ray's logs and the executed notebook would all keep it;
-- waits for the job and prints its status, where its executed notebook is, and its log command.
+- passes `STORAGE_PATH` and `MLFLOW_TRACKING_URI` from this shell in the job's `env_vars`, and where this
+  shell sets them the settings a run on GPU nodes needs that the head node may not have: the Hugging Face
+  cache, mirror and offline switches (`HF_HOME`, ...: `helpers.cluster.HUB_ENV_VARS`) and the collective
+  communication settings (`NCCL_*`, `TORCH_NCCL_*`, libfabric's `FI_*`). Never a secret: Ray keeps a job's
+  variables in its job table (the Hub token goes from the notebook's own `start_ray` to its workers, and the
+  nodes' own credentials reach the bucket). A value with credentials written into it
+  (`s3://KEY:SECRET@bucket/...`), there or in a papermill argument, is refused before anything records it:
+  the job table, Ray's logs and the executed notebook would all keep it;
+- waits for the job as long as it runs (Ctrl-C stops the waiting, not the job, and says how to follow or
+  stop it) and prints its status, where its executed notebook is, and its log command. A `gs://` output
+  needs `gcsfs` on the head node (papermill writes through it); `s3://` needs `boto3`, which Ray has.
 
 The cluster is `RAY_API_SERVER_ADDRESS` (its dashboard; `cluster.env` of `make cluster-up` sets it), with
 Ray's token when the cluster uses one. The job id is printed first, so a closed terminal loses nothing.
@@ -46,7 +52,7 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
             f"{', '.join(missing + ['RAY_API_SERVER_ADDRESS'])} not set: `source cluster.env` (make cluster-up) "
             "or set them for your cluster."
         )
-    _refuse_credentials({v: os.environ[v] for v in PASSED_VARS}, papermill_args)
+    _refuse_credentials(job_env(os.environ), papermill_args)
     job_id = submission_id or f"{notebook}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     output = f"{os.environ['STORAGE_PATH'].rstrip('/')}/jobs/{job_id}/{notebook}.ipynb"
     python = os.environ.get("LLM_NOTEBOOKS_JOB_PYTHON", "python")  # the nodes' Python
@@ -59,7 +65,7 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
         runtime_env={
             "working_dir": str(ROOT),
             "excludes": _excludes(),
-            "env_vars": {v: os.environ[v] for v in PASSED_VARS},
+            "env_vars": job_env(os.environ),
         },
     )
     return job_id, output
@@ -84,6 +90,15 @@ def _excludes() -> list[str]:
     return others + [f"/{path}" for path in untracked]
 
 
+def job_env(environ) -> dict[str, str]:
+    """The job's variables: `PASSED_VARS`, and the Hub and communication settings set in `environ`."""
+    sys.path.insert(0, str(ROOT))
+    from helpers.cluster import COMMUNICATION_ENV_PREFIXES, HUB_ENV_VARS
+
+    passed = {v: environ[v] for v in (*PASSED_VARS, *HUB_ENV_VARS) if v in environ}
+    return passed | {k: v for k, v in environ.items() if k.startswith(COMMUNICATION_ENV_PREFIXES)}
+
+
 def _refuse_credentials(variables: dict[str, str], papermill_args: list[str]) -> None:
     """Exit, naming where, if a value carries credentials (`helpers.storage.redact` would mask it)."""
     sys.path.insert(0, str(ROOT))
@@ -106,13 +121,14 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def wait(job_id: str, timeout_s: float = 1800) -> str:
-    """Wait for the job to end; return its status (SUCCEEDED, FAILED, STOPPED)."""
+def wait(job_id: str, timeout_s: float | None = None) -> str:
+    """Wait for the job to end (at most `timeout_s`; None: for as long as it runs, a 13-hour run included);
+    return its status (SUCCEEDED, FAILED, STOPPED)."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while deadline is None or time.monotonic() < deadline:
         status = client.get_job_status(job_id)
         if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             return str(status.value)
@@ -129,7 +145,14 @@ def main() -> int:
     args = parser.parse_args()
     job_id, output = submit(args.notebook, args.papermill_args)
     print(f"Submitted Ray Job {job_id}; its logs: ray job logs --follow {job_id}", flush=True)
-    status = wait(job_id)
+    try:
+        status = wait(job_id)
+    except KeyboardInterrupt:
+        print(
+            f"\nStopped waiting; the job goes on. Follow it: ray job logs --follow {job_id}; "
+            f"stop it: ray job stop {job_id}. Its executed notebook will be at {output}"
+        )
+        return 130
     print(f"Job {job_id}: {status}. Executed notebook: {output}")
     return 0 if status == "SUCCEEDED" else 1
 

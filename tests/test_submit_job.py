@@ -67,3 +67,53 @@ def test_make_job_reads_the_projects_cluster_env_from_any_folder(tmp_path):
     assert f'. "{ROOT}/cluster.env"' in proc.stdout and f'"{ROOT}/.venv/bin/python"' in proc.stdout, (
         proc.stdout
     )
+
+
+def test_a_job_gets_the_hub_and_network_settings_of_the_shell_and_no_secret():
+    # Only STORAGE_PATH and MLFLOW_TRACKING_URI reached a job before: HF_HOME and NCCL_* had to be on the head
+    # node already. The Hub token never goes into a job's variables (Ray's job table keeps them).
+    sys.path.insert(0, str(ROOT / "ci"))
+    from submit_job import job_env
+
+    shell = {
+        "STORAGE_PATH": "s3://bucket/runs",
+        "MLFLOW_TRACKING_URI": "http://head:5000",
+        "HF_HOME": "/mnt/local_nvme/hf",
+        "HF_HUB_OFFLINE": "1",
+        "NCCL_SOCKET_IFNAME": "ens5",
+        "FI_PROVIDER": "efa",
+        "HF_TOKEN": "hf_secret",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "HOME": "/home/me",
+    }
+    assert job_env(shell) == {
+        k: shell[k]
+        for k in (
+            "STORAGE_PATH",
+            "MLFLOW_TRACKING_URI",
+            "HF_HOME",
+            "HF_HUB_OFFLINE",
+            "NCCL_SOCKET_IFNAME",
+            "FI_PROVIDER",
+        )
+    }
+
+
+def test_make_job_waits_for_a_long_job_to_end(monkeypatch):
+    # A 13-hour run: `make job` waited 30 minutes and then gave up while the job ran on.
+    import ray.job_submission
+
+    sys.path.insert(0, str(ROOT / "ci"))
+    import submit_job
+
+    statuses = iter([ray.job_submission.JobStatus.RUNNING] * 30 + [ray.job_submission.JobStatus.SUCCEEDED])
+    clock = iter(range(0, 10**9, 3600))  # an hour passes between two looks
+
+    class Client:
+        def get_job_status(self, job_id):
+            return next(statuses)
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    monkeypatch.setattr(submit_job.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(submit_job.time, "sleep", lambda s: None)
+    assert submit_job.wait("a-long-job") == "SUCCEEDED"
