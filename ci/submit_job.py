@@ -21,7 +21,7 @@ What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermil
   the job table, Ray's logs and the executed notebook would all keep it;
 - waits for the job as long as it runs (Ctrl-C stops the waiting, not the job, and says how to follow or
   stop it) and prints its status, where its executed notebook is, and its log command. A `gs://` output
-  needs `gcsfs` on the head node (papermill writes through it); `s3://` needs `boto3`, which Ray has.
+  needs `gcsfs` on the head node (papermill writes through it); `s3://` needs `boto3`, which the requirements install.
 
 The cluster is `RAY_API_SERVER_ADDRESS` (its dashboard; `cluster.env` of `make cluster-up` sets it), with
 Ray's token when the cluster uses one. The job id is printed first, so a closed terminal loses nothing.
