@@ -132,9 +132,29 @@ def _check_min_workers(notebook: str, p: dict) -> None:
 ELASTIC_REWIND_WARN_H = 1.0
 
 
-def _step_seconds(p: dict) -> float | None:
-    """One optimizer step's estimated time on the GPUs of `CLUSTER` at the post's MFU (`POST_MFU`), counting
-    6 x params FLOPs per token; None without GPUs or a known bf16 peak (a CPU run)."""
+def _global_batch(p: dict) -> int:
+    """Sequences per optimizer step: NUM_WORKERS x BATCH_SIZE_PER_WORKER x GRADIENT_ACCUMULATION_STEPS."""
+    return p["NUM_WORKERS"] * p["BATCH_SIZE_PER_WORKER"] * p.get("GRADIENT_ACCUMULATION_STEPS", 1)
+
+
+def _sequences_per_gpu(p: dict, gpus: int) -> int:
+    """Each GPU's sequences in one optimizer step of `p`'s global batch on `gpus` GPUs: whole micro-steps of
+    BATCH_SIZE_PER_WORKER, the last ones padded with sequences of weight 0 where the GPUs do not divide the
+    batch (the Llama notebooks' `my_micro_batches`), so GPUs beyond the batch's sequences only wait."""
+    batch = p["BATCH_SIZE_PER_WORKER"]
+    return math.ceil(_global_batch(p) / (gpus * batch)) * batch
+
+
+def _step_seconds(p: dict, params: int, peak: float, gpus: int, flops_per_token: int, mfu: float) -> float:
+    """One optimizer step's estimated time on `gpus` GPUs of dense bf16 `peak` FLOP/s each, at `mfu`:
+    `flops_per_token` x params FLOPs for each token of each GPU's sequences."""
+    tokens = _sequences_per_gpu(p, gpus) * p["MAX_SEQ_LEN"]
+    return flops_per_token * params * tokens / (peak * mfu)
+
+
+def _cluster_step_seconds(p: dict) -> float | None:
+    """`_step_seconds` of `p`'s full fine-tuning on the GPUs of its `CLUSTER` at the post's MFU; None
+    without GPUs or a known bf16 peak (a CPU run)."""
     from .plan import NODE_TYPES, model_config, model_size
 
     gpus = [NODE_TYPES[t].gpu for t in p.get("CLUSTER", {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
@@ -142,16 +162,14 @@ def _step_seconds(p: dict) -> float | None:
     if not peak:
         return None
     params = model_size(model_config(p["MODEL_NAME"])).params
-    tokens = p["NUM_WORKERS"] * p["BATCH_SIZE_PER_WORKER"] * p.get("GRADIENT_ACCUMULATION_STEPS", 1)
-    tokens *= p["MAX_SEQ_LEN"]
-    return 6 * params * tokens / (p["NUM_WORKERS"] * peak * POST_MFU)
+    return _step_seconds(p, params, peak, p["NUM_WORKERS"], flops_per_token=6, mfu=POST_MFU)
 
 
 def _check_elastic_save_interval(p: dict) -> None:
     """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training."""
     import warnings
 
-    step_s = _step_seconds(p)
+    step_s = _cluster_step_seconds(p)
     if step_s is None or (p["SAVE_STEPS"] - 1) * step_s <= ELASTIC_REWIND_WARN_H * 3600:
         return
     bound = max(1, int(ELASTIC_REWIND_WARN_H * 3600 // step_s) + 1)
@@ -170,19 +188,13 @@ def _check_elastic_padding(p: dict) -> None:
     """Warn where a world size the elastic run may go on with does not divide the global batch: each rank
     then runs ceil(global / (world x batch)) micro-steps, the last ones short or empty (weight 0), so a step
     takes up to that many micro-steps' time for the same sequences."""
-    import math
     import warnings
 
-    batch = p["BATCH_SIZE_PER_WORKER"]
-    sequences = p["NUM_WORKERS"] * batch * p.get("GRADIENT_ACCUMULATION_STEPS", 1)
-    cost = {
-        w: math.ceil(sequences / (w * batch)) * w * batch / sequences
-        for w in range(_min_workers(p), p["NUM_WORKERS"])
-    }
+    batch, sequences, fewest = p["BATCH_SIZE_PER_WORKER"], _global_batch(p), _min_workers(p)
+    cost = {w: _sequences_per_gpu(p, w) * w / sequences for w in range(fewest, p["NUM_WORKERS"])}
     worst = max(cost, key=cost.get, default=None)
     if worst is None or cost[worst] < 1.25:
         return
-    fewest = _min_workers(p)
     warnings.warn(
         f"MIN_WORKERS={fewest}: on {fewest} to {p['NUM_WORKERS'] - 1} workers, a world size that does not divide "
         f"the global batch of {sequences} sequences pads each step with sequences of weight 0 (micro-steps of "
@@ -538,8 +550,6 @@ def cheapest_shapes(
     global batch, rounded up to whole micro-steps, so GPUs beyond the batch add cost and no speed.
     Instance types without bf16 (T4s) are left out.
     """
-    import math
-
     import pandas as pd
 
     from .cost import INSTANCE_PRICES, PRICES_AS_OF
@@ -549,8 +559,6 @@ def cheapest_shapes(
     prices = INSTANCE_PRICES if prices is None else prices
 
     params = model_size(model_config(p["MODEL_NAME"])).params
-    batch = p["BATCH_SIZE_PER_WORKER"]
-    sequences = p["NUM_WORKERS"] * batch * p.get("GRADIENT_ACCUMULATION_STEPS", 1)  # the global batch
     rows = []
     for name, node in NODE_TYPES.items():
         if not node.gpus or name not in prices or not node.bf16:
@@ -569,10 +577,8 @@ def cheapest_shapes(
                 )
                 continue
             gpus = count * node.gpus
-            # Each GPU runs ceil(global batch / (GPUs x batch)) micro-steps a step, padded with sequences of
-            # weight 0 where the GPUs do not divide the batch: more GPUs than sequences only wait.
-            per_gpu = math.ceil(sequences / (gpus * batch)) * batch * p["MAX_SEQ_LEN"] * p["MAX_STEPS"]
-            hours = flops_per_token * params * per_gpu / (peak * mfu) / 3600 if peak else None
+            step_s = _step_seconds(p, params, peak, gpus, flops_per_token, mfu) if peak else None
+            hours = None if step_s is None else p["MAX_STEPS"] * step_s / 3600
             price = count * prices[name]
             rows.append(
                 {
