@@ -1,0 +1,82 @@
+"""What the GPU runs share: the notebooks' own lesson functions, and what a result records.
+
+`lesson_namespace` executes the code cells of a notebook that only define things (imports, functions,
+constants: no training, no tracking, no display), with the given parameters in scope, and returns the
+namespace: the GPU runs train with the lesson's own `load_model`, `shard_model`, `train_step`, ... rather
+than a copy of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_DEFINING = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign)
+
+
+def lesson_namespace(notebook: str, params: dict | None = None) -> dict:
+    """The notebook's definitions (cells made only of imports, defs and assignments, at least one def)."""
+    import math
+
+    import ray
+    import torch
+
+    import helpers
+
+    namespace = {
+        "__name__": f"lesson_{notebook}",
+        "helpers": helpers,
+        "torch": torch,
+        "ray": ray,
+        "math": math,
+    }
+    namespace.update(params or {})
+    cells = json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        body = ast.parse(source).body
+        if any(isinstance(n, ast.FunctionDef) for n in body) and all(isinstance(n, _DEFINING) for n in body):
+            exec(compile(source, f"{notebook}.ipynb[{index}]", "exec"), namespace)
+    return namespace
+
+
+def environment() -> dict:
+    """The GPU, the versions and the date, for a result's header."""
+    import torch
+    import transformers
+
+    info = {
+        "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        if torch.cuda.is_available()
+        else None,
+    }
+    for name in ("ray", "deepspeed", "lightning", "accelerate", "peft"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception:  # not installed there
+            info[name] = None
+    return info
+
+
+def write_result(path: str | os.PathLike, result: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"wrote {path}", flush=True)
+
+
+def now() -> float:
+    return time.time()

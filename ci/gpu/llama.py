@@ -1,0 +1,308 @@
+"""The Llama recipe on one GPU: the notebooks' own lesson functions, through Ray Train and under torchrun.
+
+`llama_fsdp`'s `load_and_shard` (rank-0 loading, FSDP2, bf16 mixed precision, activation checkpointing,
+sdpa or FlashAttention 2), `make_optimizer` and `train_step`, and for LoRA `llama_lora`'s `load_model` and
+`shard_model`, train a random-weight model of the Llama 2 architecture on random tokens (no Hub there).
+Each run reports steady-state seconds per step (the first step is a warm-up), tokens/s, MFU against the
+GPU's dense bf16 peak, peak GPU memory, the step's FLOPs counted by `torch.utils.flop_counter`, and the
+notebook's "will it fit?" plan for the same configuration.
+
+    python ci/gpu/llama.py --out DIR                 # on a CUDA GPU: the runs below, DIR/llama_fsdp.json
+    python ci/gpu/llama.py --smoke --out DIR         # on CPU: a tiny model, the same code paths
+
+Runs: through Ray Train with and without activation checkpointing; the same training function under
+`torchrun` (what Ray costs: seconds per step and launch-to-first-step); LoRA r=16 through Ray Train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
+from common import REPO, environment, lesson_namespace, write_result  # noqa: E402
+
+# A Llama 2 architecture at 3.4B (head_dim 128 as in Llama 2): 16 bytes per parameter fit an 80 GB GPU.
+FULL = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24)
+SMOKE = dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4)
+
+
+def build_model(folder: Path, sizes: dict, device: str) -> None:
+    """A random-weight Llama 2 architecture model, stored in bf16 like the Hub's checkpoints."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, dtype="bfloat16", **sizes
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the workers need the GPU's memory, not this process's cache
+
+
+def train(config: dict) -> dict:
+    """One worker's run: the notebook's loading, optimizer and steps, timed; rank 0 writes the result."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # under torchrun (Ray Train has set it up already)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    params = {"LORA_RANK": config["lora_rank"], "LORA_ALPHA": config["lora_rank"]}
+    lesson = lesson_namespace(config["notebook"], params)
+    helpers = lesson["helpers"]
+    started = time.time()
+    if "load_and_shard" in lesson:  # llama_fsdp
+        model, loading = lesson["load_and_shard"](config, rank, device, pretrained=True)
+        attn = loading["attn"]
+    else:  # llama_lora: its train_func loads inline, with the notebook's `lora` config
+        attn = helpers.choose_attention(config["use_flash_attn"], use_gpu=cuda)
+        skeleton, full = lesson["load_model"](
+            config["model_name"], config["vocab_size"], rank, attn, True, lesson["lora"]
+        )
+        model = lesson["shard_model"](skeleton, full, device, config["use_gradient_checkpointing"], True)
+    loaded = time.time()
+    optimizer, scheduler = lesson["make_optimizer"](model, config)
+    num_params = sum(p.numel() for p in model.parameters())  # the DTensors' global sizes
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    generator = torch.Generator().manual_seed(0)
+    rows = config["global_batch"] * (config["max_steps"] + 1)
+    packed = torch.randint(0, 32000, (rows, config["seq_len"]), dtype=torch.int32, generator=generator)
+    model.train()
+    seconds, losses, first_step_at = [], [], None
+    for step in range(config["max_steps"]):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = lesson["train_step"](model, optimizer, scheduler, packed, step, config, device)
+        losses.append(loss.item())  # waits for the step
+        seconds.append(time.perf_counter() - t0)
+        if first_step_at is None:
+            first_step_at = time.time()
+    peak = {}
+    if cuda:
+        peak = {
+            "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+            "device_total_gib": torch.cuda.get_device_properties(device).total_memory / 2**30,
+        }
+    # The FLOPs of one micro-step (forward and backward, the recomputed forward included) as counted.
+    counted = None
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        batch = packed[: config["batch_size_per_worker"]].long().to(device)
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.zero_grad(set_to_none=True)
+        counted = counter.get_total_flops()
+    except Exception as error:  # the figure is a cross-check; the run stands without it
+        counted = f"{type(error).__name__}: {error}"
+    saved = {}
+    if config.get("save_to"):  # the notebook's save_sharded, under NCCL: its writer threads and collectives
+        import pyarrow.fs as pafs
+
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if cuda else 0
+        t0 = time.perf_counter()
+        lesson["save_sharded"](
+            model, optimizer, {"step": len(seconds)}, rank, pafs.LocalFileSystem(), config["save_to"]
+        )
+        files = list(Path(config["save_to"]).rglob("*"))
+        saved = {
+            "save_seconds": time.perf_counter() - t0,
+            "save_bytes": sum(f.stat().st_size for f in files if f.is_file()),
+            "save_files": sorted(f.name for f in files),
+            "save_gpu_peak_over_before_gib": (torch.cuda.max_memory_allocated() - before) / 2**30
+            if cuda
+            else None,
+        }
+    steady = seconds[1:]
+    step_s = sum(steady) / len(steady)
+    tokens_per_step = config["global_batch"] * config["seq_len"]
+    peak_flops = helpers.flops.dense_peak_flops(device, torch.bfloat16)
+    result = {
+        "runner": config["runner"],
+        "notebook": config["notebook"],
+        "attn_implementation": attn,
+        "gradient_checkpointing": config["use_gradient_checkpointing"],
+        "lora_rank": config["lora_rank"],
+        "num_params": num_params,
+        "trainable_params": trainable,
+        "batch_size_per_worker": config["batch_size_per_worker"],
+        "gradient_accumulation_steps": config["global_batch"] // config["batch_size_per_worker"],
+        "seq_len": config["seq_len"],
+        "steps": config["max_steps"],
+        "step_seconds": seconds,
+        "steady_step_seconds": step_s,
+        "tokens_per_second": tokens_per_step / step_s,
+        "peak_flops_per_gpu": peak_flops,
+        "mfu": helpers.model_flops_utilization(num_params, tokens_per_step, step_s, 1, peak_flops),
+        "flops_per_token_6n": 6 * num_params,
+        "flops_per_token_counted": counted / (config["batch_size_per_worker"] * config["seq_len"])
+        if isinstance(counted, int)
+        else counted,
+        "losses": losses,
+        "load_seconds": loaded - started,
+        "launch_to_first_step_seconds": first_step_at - config["launched_at"],
+        **peak,
+        **saved,
+    }
+    if isinstance(counted, int) and peak_flops:
+        result["hfu_counted"] = result["flops_per_token_counted"] * tokens_per_step / step_s / peak_flops
+    if rank == 0:
+        Path(config["result_file"]).write_text(json.dumps(result))
+    dist.barrier()
+    return result
+
+
+def plan_figures(notebook: str, config: dict) -> dict:
+    import helpers
+
+    p = {
+        "MODEL_NAME": config["model_name"],
+        "NUM_WORKERS": 1,
+        "CLUSTER": {"p5.48xlarge": 1},  # one H100-80GB's worth, as the notebook would plan it
+        "USE_GPU": True,
+        "BATCH_SIZE_PER_WORKER": config["batch_size_per_worker"],
+        "MAX_SEQ_LEN": config["seq_len"],
+        "USE_GRADIENT_CHECKPOINTING": config["use_gradient_checkpointing"],
+        "LORA_RANK": config["lora_rank"],
+        "LORA_MERGED": False,
+    }
+    return helpers.checks.plan_for(notebook, p).as_dict()
+
+
+def run_ray(config: dict, cpus: int) -> None:
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    config = {**config, "launched_at": time.time()}
+    trainer = TorchTrainer(
+        train,
+        train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=1, use_gpu=config["use_gpu"], resources_per_worker={"CPU": cpus}
+        ),
+        run_config=ray.train.RunConfig(storage_path=config["storage"], name=f"llama-gpu-{time.time_ns()}"),
+    )
+    trainer.fit()
+
+
+def run_torchrun(config: dict) -> None:
+    config = {**config, "launched_at": time.time()}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    command += [__file__, "--worker", json.dumps(config)]
+    subprocess.run(command, check=True, cwd=REPO)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=False)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--worker")  # torchrun's process: the config as JSON
+    args = parser.parse_args()
+    if args.worker:
+        train(json.loads(args.worker))
+        return
+    import ray
+    import torch
+
+    out, work = Path(args.out), Path(tempfile.mkdtemp(prefix="llama-gpu-"))
+    cuda = torch.cuda.is_available()
+    model_dir = work / "model"
+    t0 = time.time()
+    build_model(model_dir, SMOKE if args.smoke else FULL, "cuda" if cuda else "cpu")
+    build_seconds = time.time() - t0
+    base = {
+        "model_name": str(model_dir),
+        "vocab_size": 32000,
+        "use_flash_attn": True,  # the notebook's default: sdpa, with a warning, where flash-attn is missing
+        "use_gpu": cuda,
+        "seq_len": 64 if args.smoke else 2048,
+        "batch_size_per_worker": 1 if args.smoke else 2,
+        "global_batch": 2 if args.smoke else 16,  # 8 micro-steps of 2 sequences on one GPU
+        "learning_rate": 5e-5,
+        "weight_decay": 0.01,
+        "warmup_ratio": 0.03,
+        "max_steps": 3 if args.smoke else 8,
+        "seed": 42,
+        "storage": str(work / "ray_results"),
+    }
+    runs = [  # (label, runner, notebook, changes)
+        ("ray, activation checkpointing", "ray", "llama_fsdp", {"use_gradient_checkpointing": True}),
+        (
+            "torchrun, activation checkpointing",
+            "torchrun",
+            "llama_fsdp",
+            {"use_gradient_checkpointing": True},
+        ),
+        ("ray, no activation checkpointing", "ray", "llama_fsdp", {"use_gradient_checkpointing": False}),
+        (
+            "ray, LoRA r=16",
+            "ray",
+            "llama_lora",
+            {"use_gradient_checkpointing": True, "lora_rank": 16, "save": True},
+        ),
+    ]
+    cpus = 2 if args.smoke else 12
+    t0 = time.time()
+    ray.init(num_cpus=cpus + 1, include_dashboard=False, logging_level="WARNING")
+    ray_init_seconds = time.time() - t0
+    results = []
+    for label, runner, notebook, changes in runs:
+        config = {**base, "lora_rank": 0, **changes, "notebook": notebook, "runner": runner}
+        config["result_file"] = str(work / f"result-{len(results)}.json")
+        if config.pop("save", False):
+            config["save_to"] = str(work / f"checkpoint-{len(results)}")
+        entry = {"label": label}
+        try:
+            entry["plan"] = plan_figures(notebook, config)
+            (run_ray(config, cpus) if runner == "ray" else run_torchrun(config))
+            entry.update(json.loads(Path(config["result_file"]).read_text()))
+            print(
+                f"{label}: {entry['steady_step_seconds']:.3f} s/step, {entry['tokens_per_second']:,.0f} tokens/s, "
+                f"MFU {entry['mfu'] if entry['mfu'] is None else round(entry['mfu'], 3)}, "
+                f"peak {entry.get('max_memory_allocated_gib', 0):.1f} GiB allocated, "
+                f"{entry.get('max_memory_reserved_gib', 0):.1f} reserved, "
+                f"first step {entry['launch_to_first_step_seconds']:.1f} s after launch",
+                flush=True,
+            )
+        except Exception:
+            entry["error"] = traceback.format_exc()[-3000:]
+            print(f"{label}: FAILED\n{entry['error']}", flush=True)
+        results.append(entry)
+        write_result(
+            out / "llama_fsdp.json",
+            {
+                "environment": environment(),
+                "model": SMOKE if args.smoke else FULL,
+                "build_model_seconds": build_seconds,
+                "ray_init_seconds": ray_init_seconds,
+                "method": __doc__,
+                "runs": results,
+            },
+        )
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
