@@ -336,6 +336,7 @@ def _plan_dolly(p: dict) -> dict:
         gather_bytes=compute_bytes,  # FSDP gathers the weights in the compute dtype
         reduce_bytes=compute_bytes,  # and Lightning reduces the gradients in it too
         offload="optimizer+params" if p["CPU_OFFLOAD"] else "none",  # FSDP1 offloads weights, grads, the step
+        no_shard_alone=True,  # FSDP1: one worker runs as NO_SHARD
         loading="every rank",  # every worker's DollyV2Model loads the fp32 model before FSDP shards it
         checkpoint="staged",  # each rank writes its shard locally, then Ray uploads it
         num_to_keep=1,

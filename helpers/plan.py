@@ -355,6 +355,7 @@ def plan_training(
     vocab_size: int | None = None,
     foreach_optimizer: bool = True,
     separate_embeddings: bool = False,
+    no_shard_alone: bool = False,
     reduce_bytes: int = 4,
     lora_rank: int = 0,
     lora_merged: bool = False,
@@ -370,7 +371,9 @@ def plan_training(
     uploads) or "streamed" (written straight to storage). export_bytes: bytes per element of a
     consolidated model rank 0 writes at the end (0: none). foreach_optimizer: AdamW's default
     implementation (see the module doc). separate_embeddings: FSDP wraps the embeddings and the head
-    as units of their own (see the module doc). reduce_bytes: bytes per element
+    as units of their own (see the module doc). no_shard_alone: FSDP1, which runs a single worker as
+    `NO_SHARD`: with CPU offload the whole model's 16-bit weights and gradients are then on its GPU at the
+    peak (measured on an H200: ci/gpu/results). reduce_bytes: bytes per element
     of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). lora_rank: > 0 trains LoRA
     adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP only; see the module doc);
     lora_merged: it also exports the base with the adapters merged in. fixes: what to suggest, per row kind:
@@ -400,7 +403,7 @@ def plan_training(
     if sharding == "fsdp":
         device, host, model_terms = _fsdp_device(
             run, activations + logits, gather_bytes, reduce_bytes, offload, foreach_optimizer,
-            separate_embeddings, details,
+            separate_embeddings, no_shard_alone, details,
         )  # fmt: skip
     else:
         device, host, model_terms = _zero_device(run, int(sharding.removeprefix("zero")), activations + logits,
@@ -483,6 +486,7 @@ def _fsdp_device(
     offload: str,
     foreach_optimizer: bool,
     separate_embeddings: bool,
+    no_shard_alone: bool,
     details: dict,
 ) -> tuple[int, int, str]:
     """FSDP's bytes per worker's device, the host RAM its offload takes per node, and the terms."""
@@ -506,7 +510,13 @@ def _fsdp_device(
     step = 4 * trained // n if foreach_optimizer else 4 * trained_tensor // n
     details["optimizer_step_temporary_bytes"] = step
     if offload != "none":  # the shards and the step on the CPU
-        terms = f"gathered layers {_gb(working)} + activations and logits {_gb(activations_and_logits)}"
+        what = "gathered layers"
+        if no_shard_alone and n == 1:  # FSDP1's NO_SHARD keeps every unit's 16-bit copies through the step
+            working, what = (
+                max(working, 2 * gather_bytes * p),
+                "the whole model's 16-bit weights and gradients",
+            )
+        terms = f"{what} {_gb(working)} + activations and logits {_gb(activations_and_logits)}"
         return working + activations_and_logits, (shards + step) * run.per_node, terms
     state = (
         f"(2 B x params frozen bf16 base + 16 B x {lora.params:,} adapter params) / {n} workers"
@@ -532,6 +542,8 @@ def _zero_device(
         states, cpu = _zero_model_states(run.size, stage, max(run.per_node, 1), run.nodes, offload)
     if stage in (1, 2):  # the gradient reduction buckets, two with overlap_comm (the notebook's)
         states += 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
+    elif stage == 3:  # stage 3 allocates one (its "IPG" buffer, contiguous_gradients), offloaded or not
+        states += ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
     details["param_bytes_per_rank"] = 2 * (p // n if stage == 3 else p)  # ZeRO's bf16/fp16 weights
     details["optimizer_bytes_per_rank"] = 12 * p // (n if stage else 1)  # fp32 master weights, 2 moments
     terms = (

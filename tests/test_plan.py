@@ -103,6 +103,17 @@ def test_full_scale_dolly_fits_and_without_offload_is_closer():
     assert _row(offloaded, "host RAM while loading").have == 64 * 2**30
 
 
+def test_dolly_alone_with_offload_holds_the_whole_16_bit_model_as_measured_on_a_gpu():
+    # FSDP1 runs one worker as NO_SHARD: with CPU offload an H200 held 5.72 GiB at the peak for a 1.41B
+    # GPT-NeoX (ci/gpu/results), 4 bytes per parameter, where the gathered layers alone would be 0.4 GiB.
+    one = dict(num_workers=1, cluster={"p5.48xlarge": 1}, no_shard_alone=True)
+    alone, two = _dolly(**one), _dolly(**{**one, "num_workers": 2})
+    params = alone.details["params"]
+    assert _row(alone, "training").need > 4 * params
+    assert _row(two, "training").need < 0.25 * 4 * params  # two workers shard: gathered layers only
+    assert "whole model" in _row(alone, "training").terms
+
+
 def test_dolly_without_offload_on_four_t4s_is_refused_naming_the_fix():
     plan = _dolly(offload="none", num_workers=4, cluster={"g4dn.4xlarge": 4})
     with pytest.raises(hp.ParameterError, match=r"does not fit(.|\n)*training \(T4 GPU\)(.|\n)*GPU-FIX"):

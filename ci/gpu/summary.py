@@ -1,0 +1,106 @@
+"""The GPU results next to the plan: `python ci/gpu/summary.py [results folder]` prints one row per run.
+
+The plan is computed again with today's `helpers.plan` for each run's configuration (the model's
+architecture rebuilt from the recorded sizes), so a correction of the plan shows against the old runs.
+The plan's per-GPU figure is D x (1 + ALLOCATOR_RESERVE) + the CUDA context + NCCL's buffers, where D is
+what it expects torch's allocator to hold at the peak. torch's counters see only the allocator, so D is
+compared with `max_memory_allocated` and D x (1 + ALLOCATOR_RESERVE) with `max_memory_reserved`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from helpers.plan import ALLOCATOR_RESERVE, CUDA_OVERHEAD, NCCL_BUFFERS  # noqa: E402
+
+GiB = 2**30
+
+
+def _model_folder(notebook: str, result: dict) -> str:
+    import tempfile
+
+    import transformers
+
+    if notebook == "llama_fsdp":
+        config = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=4096, **result["model"])
+    elif notebook == "dolly_lightning_fsdp":
+        model = result["config"]["model"]
+        config = transformers.GPTNeoXConfig(vocab_size=50280, max_position_embeddings=2048, **model)
+    else:
+        config = transformers.GPT2Config()  # gpt2.py's: the real GPT-2's defaults
+    folder = tempfile.mkdtemp(prefix="gpu-plan-")
+    config.save_pretrained(folder)
+    return folder
+
+
+def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
+    """The plan today's code makes for the configuration `run` recorded."""
+    from dolly import parameter_defaults
+
+    import helpers
+
+    one_gpu = {"NUM_WORKERS": 1, "USE_GPU": True, "CLUSTER": {"p5.48xlarge": 1}, "MODEL_NAME": folder}
+    if notebook == "llama_fsdp":
+        p = {
+            **parameter_defaults("llama_fsdp"),
+            **one_gpu,
+            "LORA_RANK": run["lora_rank"],
+            "LORA_MERGED": False,
+        }
+        p.update(BATCH_SIZE_PER_WORKER=run["batch_size_per_worker"], MAX_SEQ_LEN=run["seq_len"])
+        p["USE_GRADIENT_CHECKPOINTING"] = run["gradient_checkpointing"]
+        return helpers.checks.plan_for(run["notebook"], p).as_dict()
+    if notebook == "dolly_lightning_fsdp":
+        config = result["config"]
+        p = {**parameter_defaults(notebook), **one_gpu, **run["parameters"]}
+        p.update(BATCH_SIZE_PER_WORKER=config["batch_size_per_worker"], MAX_SEQ_LEN=config["seq_len"])
+        return helpers.checks.plan_for(notebook, p).as_dict()
+    p = {
+        **result["config"]["parameters"],
+        **one_gpu,
+        "ZERO_STAGE": run["zero_stage"],
+        "OFFLOAD": run["offload"],
+    }
+    return helpers.checks.plan_for(notebook, p).as_dict()
+
+
+def plan_rows(folder: Path) -> list[dict]:
+    rows = []
+    for path in sorted(folder.glob("*.json")):
+        result = json.loads(path.read_text())
+        runs = [r for r in result["runs"] if "max_memory_reserved_gib" in r and r.get("plan")]
+        model = _model_folder(path.stem, result) if runs else None
+        for run in runs:
+            plan = replan(path.stem, result, run, model)
+            allocator = (plan["device_bytes"] - CUDA_OVERHEAD - NCCL_BUFFERS) / (1 + ALLOCATOR_RESERVE)
+            label = run.get("label") or f"ZeRO-{run['zero_stage']} offload={run['offload']}"
+            rows.append(
+                {
+                    "notebook": path.stem,
+                    "run": label,
+                    "plan_gib": plan["device_bytes"] / GiB,
+                    "plan_allocated_gib": allocator / GiB,
+                    "allocated_gib": run["max_memory_allocated_gib"],
+                    "plan_reserved_gib": allocator * (1 + ALLOCATOR_RESERVE) / GiB,
+                    "reserved_gib": run["max_memory_reserved_gib"],
+                }
+            )
+    for row in rows:
+        row["allocated_error"] = row["plan_allocated_gib"] / row["allocated_gib"] - 1
+        row["reserved_error"] = row["plan_reserved_gib"] / row["reserved_gib"] - 1
+    return rows
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "results")
+    print(
+        f"{'notebook':26} {'run':34} {'plan':>6} {'plan-alloc':>10} {'alloc':>6} {'err':>6} {'resv':>6} {'err':>6}"
+    )
+    for r in plan_rows(folder):
+        print(
+            f"{r['notebook']:26} {r['run'][:34]:34} {r['plan_gib']:6.2f} {r['plan_allocated_gib']:10.2f} "
+            f"{r['allocated_gib']:6.2f} {r['allocated_error']:+6.1%} {r['reserved_gib']:6.2f} {r['reserved_error']:+6.1%}"
+        )
