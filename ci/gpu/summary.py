@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -19,9 +20,7 @@ from helpers.plan import ALLOCATOR_RESERVE, CUDA_OVERHEAD, NCCL_BUFFERS  # noqa:
 GiB = 2**30
 
 
-def _model_folder(notebook: str, result: dict) -> str:
-    import tempfile
-
+def _model_folder(notebook: str, result: dict, folder: str) -> str:
     import transformers
 
     if notebook == "llama_fsdp":
@@ -31,7 +30,6 @@ def _model_folder(notebook: str, result: dict) -> str:
         config = transformers.GPTNeoXConfig(vocab_size=50280, max_position_embeddings=2048, **model)
     else:
         config = transformers.GPT2Config()  # gpt2.py's: the real GPT-2's defaults
-    folder = tempfile.mkdtemp(prefix="gpu-plan-")
     config.save_pretrained(folder)
     return folder
 
@@ -72,9 +70,11 @@ def plan_rows(folder: Path) -> list[dict]:
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
         runs = [r for r in result["runs"] if "max_memory_reserved_gib" in r and r.get("plan")]
-        model = _model_folder(path.stem, result) if runs else None
-        for run in runs:
-            plan = replan(path.stem, result, run, model)
+        if not runs:
+            continue
+        with tempfile.TemporaryDirectory(prefix="gpu-plan-") as model:
+            plans = [replan(path.stem, result, run, _model_folder(path.stem, result, model)) for run in runs]
+        for run, plan in zip(runs, plans, strict=True):
             allocator = (plan["device_bytes"] - CUDA_OVERHEAD - NCCL_BUFFERS) / (1 + ALLOCATOR_RESERVE)
             label = run.get("label") or f"ZeRO-{run['zero_stage']} offload={run['offload']}"
             rows.append(
