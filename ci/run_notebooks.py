@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
+import json
 import logging
 import os
 import re
@@ -367,14 +368,25 @@ def where_it_runs() -> str:
     return f"Cluster: {cluster}. Checkpoints: {where}."
 
 
+def environment() -> dict:
+    """Where the run ran: the docs site's pages quote it under outputs taken from this run."""
+    import importlib.metadata
+    import platform
+
+    names = ("torch", "ray", "transformers", "deepspeed", "lightning")
+    versions = ", ".join(f"{n} {importlib.metadata.version(n)}" for n in names)
+    return {"python": platform.python_version(), "cores": os.cpu_count(), "versions": versions}
+
+
 def run(notebooks: list[Path], tag: str = "") -> int:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(var, "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ.pop("MPLBACKEND", None)  # the kernel's inline backend: plots are kept as outputs (docs pages)
     os.environ.setdefault("JUPYTER_PLATFORM_DIRS", "1")  # no "Jupyter is migrating its paths" warning
     run_dir = ROOT / "runs" / (time.strftime("%Y%m%d-%H%M%S") + (f"-{tag}" if tag else ""))
     run_dir.mkdir(parents=True)
+    (run_dir / "environment.json").write_text(json.dumps(environment()))  # for the docs pages' notes
     print(
         f"{len(notebooks)} notebook(s) in smoke mode: {', '.join(p.stem for p in notebooks)}\n"
         f"{where_it_runs()}\n"

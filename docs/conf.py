@@ -2,10 +2,12 @@
 
 `make docs` builds it into `docs/_build/html`. Two modes, chosen by `DOCS_EXECUTE`:
 
-- unset or `0` (the default, seconds): the committed notebooks as they are, code without outputs. Under
-  its title each notebook page gets a "What you should see" box: what a smoke run prints and what
-  success looks like, from the notebook's cell tagged `what-you-should-see` (a notebook without one fails
-  the build);
+- unset or `0` (the default, seconds): each notebook page shows the outputs of the last `make run` in
+  this checkout (`runs/<time>/<notebook>.ipynb`, or the folder in `DOCS_RUNS`), without executing
+  anything, when that run's code cells are the committed notebook's and it ran to the end. A notebook
+  without such a run is shown without outputs, under a "What you should see" box: what a smoke run
+  prints and what success looks like, from the notebook's cell tagged `what-you-should-see` (a notebook
+  without one fails the build), and how to get the outputs;
 - `1` (minutes): MyST-NB executes every notebook in smoke mode (`SMOKE_TEST=1`: tiny local models,
   fixture data, 2 CPU workers, offline) and renders its outputs (plots, tables, logs). Each page then
   says, under its title, that its outputs come from that CPU smoke run, with the date and versions.
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import json
+import math
 import os
 import pkgutil
 import platform
@@ -27,6 +31,7 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS.parent))  # `helpers`, for autodoc, also where it is not installed
 EXECUTE = os.environ.get("DOCS_EXECUTE", "0").lower() not in ("", "0", "false", "no")
+RUNS = Path(os.environ.get("DOCS_RUNS") or DOCS.parent / "runs")  # `make run` writes runs/<time>/
 
 project = "Distributed LLM fine-tuning on Ray"
 author = "the ray-llm-notebooks authors"
@@ -80,6 +85,9 @@ html_css_files = ["site.css"]
 html_sidebars = {
     "index": [],  # pages with no siblings: no empty "Section Navigation"
     "cluster": [],
+    "gpu": [],
+    "techniques": [],
+    "troubleshooting": [],
     "testing": [],
     "changes": [],
     "api": [],
@@ -91,7 +99,7 @@ html_theme_options = {
     "logo": {"text": "LLM fine-tuning on Ray"},
     "navigation_with_keys": False,
     # every page of the root toctree in the header bar, none behind a "More" menu (the theme's default: 5)
-    "header_links_before_dropdown": 6,
+    "header_links_before_dropdown": 9,
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
@@ -121,6 +129,91 @@ if EXECUTE:
     )
 
 
+def _code_cells(nb) -> list[str]:
+    return [
+        c.source
+        for c in nb.cells
+        if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])
+    ]
+
+
+def last_run(name: str, committed) -> tuple | None:
+    """(the executed notebook, what the run recorded) of the newest run under RUNS that executed notebook
+    `name` to the end with the committed notebook's code; None if there is none."""
+    import nbformat
+
+    for folder in sorted((p for p in RUNS.glob("*") if p.is_dir()), reverse=True):  # names are times
+        path = folder / f"{name}.ipynb"
+        try:
+            executed = nbformat.read(path, as_version=4)
+        except (OSError, ValueError):
+            continue
+        papermill = executed.metadata.get("papermill", {})
+        if papermill.get("exception") or not papermill.get("end_time"):
+            continue
+        if _code_cells(executed) != _code_cells(committed):
+            continue  # the notebook changed since: its outputs would not match the code shown
+        env_file = folder / "environment.json"
+        env = json.loads(env_file.read_text()) if env_file.is_file() else {}
+        return executed, {"folder": folder.name, **papermill, **env}
+    return None
+
+
+def with_outputs(committed, executed) -> None:
+    """Give the committed notebook's code cells the executed copy's outputs (its Markdown stays as
+    committed: prose edited since the run shows as it is now)."""
+    ran = [
+        c
+        for c in executed.cells
+        if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])
+    ]
+    for cell, done in zip((c for c in committed.cells if c.cell_type == "code"), ran, strict=True):
+        cell.outputs, cell.execution_count = done.outputs, done.execution_count
+
+
+def reading_minutes(nb) -> int:
+    """Minutes to read the page: its prose at 200 words a minute, its code at 20 lines a minute."""
+    words = sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    lines = sum(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code")
+    return max(1, math.ceil(words / 200 + lines / 20))
+
+
+def run_note(run: dict) -> str:
+    """Above outputs that come from a `make run` of this checkout: which run, when, how long, on what."""
+    when = run["end_time"][:10]
+    on = f"{run['cores']} cores, Python {run['python']}, {run['versions']}" if "versions" in run else ""
+    return (
+        "> [!NOTE]\n"
+        f"> **Outputs from a CPU smoke run** (`make run`, {when}): `SMOKE_TEST=1`, a tiny random-weight model of "
+        "the same architecture, fixture data and 2 CPU workers. Losses, speeds and generated text are that "
+        f"run's, not the full-scale run's (the table above says what that gives).{f' On {on}.' if on else ''}\n"
+    )
+
+
+def page_facts(name: str, nb, run: dict | None) -> str:
+    """Under a notebook page's title: the laptop run, reading time, last verified, download and opening."""
+    if EXECUTE:
+        laptop = "executed for this page when the site was built"
+        verified = f"{datetime.date.today().isoformat()}, by that build"
+    elif run:
+        laptop = f"{run['duration']:.0f} s on the last `make run` in this checkout ({run['end_time'][:10]})"
+        verified = f"{run['end_time'][:10]}, by that run"
+    else:
+        laptop = "a minute or two on 2 cores (not run in this checkout yet: `make run`, then `make docs`)"
+        verified = "not in this checkout; `make test` runs every notebook"
+    return (
+        ":::{admonition} This notebook\n"
+        ":class: page-facts\n"
+        f"- **Laptop run:** {laptop}. Full-scale hardware, time and cost: the table below.\n"
+        f"- **Reading time:** about {reading_minutes(nb)} minutes.\n"
+        f"- **Last verified:** {verified}.\n"
+        f"- **Get it:** {{download}}`{name}.ipynb <{name}.ipynb>`; open it in JupyterLab (`make lab` in a "
+        "clone of the project, or on an Anyscale workspace after `pip install -r requirements.txt && pip "
+        "install -e .`) and run all cells; see {ref}`how to run the notebooks <run-the-notebooks>`.\n"
+        ":::\n"
+    )
+
+
 def what_you_should_see(expected: str) -> str:
     """Above a notebook shown without outputs: the box that says what running it shows (`expected`, the
     text of the notebook's own cell tagged EXPECTED_TAG, after its first line)."""
@@ -130,7 +223,8 @@ def what_you_should_see(expected: str) -> str:
         "This page shows the notebook without outputs. Run it in smoke mode (`SMOKE_TEST=1`: a tiny model, "
         "fixture data, 2 CPU workers; a few minutes on a laptop, see "
         "{ref}`how to run the notebooks <run-the-notebooks>`) and you should see:\n\n"
-        f"{expected.strip()}\n"
+        f"{expected.strip()}\n\n"
+        "`make run`, then `make docs`, shows this page with that run's outputs.\n"
         ":::\n"
     )
 
@@ -162,8 +256,14 @@ def _check_and_label_notebook(app, docname: str, source: list[str]) -> None:
     first = nb.cells[0] if nb.cells else None
     if not (docname.startswith("notebooks/") and first and first.cell_type == "markdown"):
         return
+    name = docname.removeprefix("notebooks/")
+    run = None if EXECUTE else last_run(name, nb)
     if EXECUTE:
         note = EXECUTED_NOTE
+    elif run:
+        executed, run = run
+        with_outputs(nb, executed)
+        note = run_note(run)
     else:
         tagged = [
             c for c in nb.cells if c.cell_type == "markdown" and EXPECTED_TAG in c.metadata.get("tags", [])
@@ -179,8 +279,17 @@ def _check_and_label_notebook(app, docname: str, source: list[str]) -> None:
         note = what_you_should_see(tagged[0].source.partition("\n")[2])
     title, _, rest = first.source.partition("\n")
     if title.startswith("# "):
-        first.source = f"{title}\n\n{note}\n{rest}"
+        first.source = f"{title}\n\n{page_facts(name, nb, run)}\n{note}\n{rest}"
         source[0] = nbformat.writes(nb)
+
+
+def _generated_tables(app, docname: str, source: list[str]) -> None:
+    """Replace each `<!-- table: NAME -->` line of a Markdown page by the table docs/tables.py makes."""
+    if "<!-- table: " in source[0]:
+        sys.path.insert(0, str(DOCS))
+        import tables
+
+        source[0] = tables.fill(source[0])
 
 
 def _helpers_reference(app, docname: str, source: list[str]) -> None:
@@ -199,4 +308,5 @@ def _helpers_reference(app, docname: str, source: list[str]) -> None:
 def setup(app):
     app.connect("source-read", _check_and_label_notebook)
     app.connect("source-read", _helpers_reference)
+    app.connect("source-read", _generated_tables)
     return {"parallel_read_safe": True}

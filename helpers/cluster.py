@@ -366,19 +366,16 @@ def _autoscaling() -> bool:
     return os.environ.get("LLM_NOTEBOOKS_AUTOSCALING", "0") == "1"
 
 
-def check_resources(
-    num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.0, name: str = "NUM_WORKERS"
-) -> None:
-    """Raise `ResourceRequestError` if `num_workers` workers (1 GPU each if `use_gpu`) can never run;
-    `name` is the parameter that asked for them (`MIN_WORKERS` for an elastic run).
-
-    Checks the whole cluster and that one worker's bundle fits on some node. On a cluster
-    that autoscales (`LLM_NOTEBOOKS_AUTOSCALING=1`) a shortfall is only a warning.
-    """
-    import ray
-
+def resource_shortfall(
+    nodes: list[dict],
+    num_workers: int,
+    use_gpu: bool,
+    cpus_per_worker: float = 1.0,
+    name: str = "NUM_WORKERS",
+) -> str | None:
+    """What `check_resources` says where `num_workers` workers can never run on Ray nodes with these
+    resources (`ray.nodes()`'s "Resources"); None where they can."""
     gpus_per_worker = 1.0 if use_gpu else 0.0
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     total_cpu = sum(n.get("CPU", 0) for n in nodes)
     total_gpu = sum(n.get("GPU", 0) for n in nodes)
     fits_one_node = any(
@@ -402,12 +399,29 @@ def check_resources(
             f"no single node has {cpus_per_worker:g} CPU and {gpus_per_worker:g} GPU free for one worker"
         )
     if not problems:
-        return
-    message = (
+        return None
+    return (
         "; ".join(problems)
         + f". trainer.fit() would wait forever. Lower {name}, set USE_GPU=False, or run the "
         "small version with SMOKE_TEST=True (papermill: -p SMOKE_TEST True)."
     )
+
+
+def check_resources(
+    num_workers: int, use_gpu: bool, cpus_per_worker: float = 1.0, name: str = "NUM_WORKERS"
+) -> None:
+    """Raise `ResourceRequestError` if `num_workers` workers (1 GPU each if `use_gpu`) can never run;
+    `name` is the parameter that asked for them (`MIN_WORKERS` for an elastic run).
+
+    Checks the whole cluster and that one worker's bundle fits on some node. On a cluster
+    that autoscales (`LLM_NOTEBOOKS_AUTOSCALING=1`) a shortfall is only a warning.
+    """
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    message = resource_shortfall(nodes, num_workers, use_gpu, cpus_per_worker, name)
+    if message is None:
+        return
     if _autoscaling():
         warnings.warn(message + " (LLM_NOTEBOOKS_AUTOSCALING=1: waiting for the autoscaler.)", stacklevel=2)
         return

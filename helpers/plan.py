@@ -82,6 +82,8 @@ SHIPPED = {
     "gpt2": "gpt2.json",
     "openai-community/gpt2": "gpt2.json",
     "databricks/dolly-v2-7b": "dolly-v2-7b.json",
+    "meta-llama/Llama-2-7b-hf": "llama-2-7b.json",
+    "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b.json",
     "meta-llama/Llama-2-70b-hf": "llama-2-70b.json",
     "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b.json",
 }

@@ -13,6 +13,11 @@ highlighted code, `remove-cell`/`remove-input` tags), and a broken one that a ba
 unknown code language, a notebook that is not JSON or a notebook page without its "What you should see"
 file fails the build.
 
+A second build, from a stand-in `make run` folder (`DOCS_RUNS`), checks that each page then shows that
+run's outputs (a plot), its run time and date, and a working download of the notebook, executing nothing,
+and that a notebook changed since its run falls back to the box. The guide pages' tables (which technique
+when, the learning path, troubleshooting) are checked against the code that makes them.
+
 `DOCS_EXECUTE=1 make docs` also runs the `docs_executed` test here on the executed site: every notebook
 page shows a plot, says it comes from the smoke run, and has no output that needs a script from a CDN.
 """
@@ -41,7 +46,7 @@ DOCS = ROOT / "docs"
 SCREENSHOTS = ARTIFACTS / "docs" / "screenshots"
 NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
 # The guide pages the header bar links to, besides the tutorials and the reference.
-GUIDE_PAGES = ["cluster", "testing", "changes"]
+GUIDE_PAGES = ["techniques", "cluster", "gpu", "troubleshooting", "testing", "changes"]
 # As `make docs` builds: warnings are errors, all of them reported, from a fresh environment.
 SPHINX = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html"]
 
@@ -103,15 +108,70 @@ def serve(site: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def site() -> Path:
-    """The site as `make docs` builds it by default (notebooks not executed), or the one in `DOCS_SITE`."""
+def site(tmp_path_factory) -> Path:
+    """The site as `make docs` builds it in a checkout with no `make run` yet (notebooks not executed), or
+    the one in `DOCS_SITE`."""
     if os.environ.get("DOCS_SITE"):
         return Path(os.environ["DOCS_SITE"])
     out = ARTIFACTS / "docs" / "html"
     shutil.rmtree(out, ignore_errors=True)
-    proc = sphinx_build(DOCS, out)
+    proc = sphinx_build(DOCS, out, DOCS_RUNS=str(tmp_path_factory.mktemp("no-runs")))
     assert proc.returncode == 0, f"the docs build warned or failed:\n{proc.stderr[-6000:]}"
     return out
+
+
+def _png(width: int = 320, height: int = 200) -> str:
+    """A small plot as a notebook's image/png output (base64)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(width / 100, height / 100), dpi=100)
+    plt.plot([3, 2, 1])
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+RUN_SECONDS = 61.5  # the runs the run_site's pages are rendered from
+
+
+@pytest.fixture(scope="module")
+def run_site(tmp_path_factory) -> Iterator[tuple[Path, str]]:
+    """The site as `make docs` builds it after a `make run`: from a run folder with each notebook as
+    papermill leaves it (a stand-in output per code cell, a plot where the notebook plots), except
+    llama_lora, whose run copy has code that differs from the committed notebook's."""
+    runs = tmp_path_factory.mktemp("runs")
+    folder = runs / "20990101-000000"
+    folder.mkdir()
+    (folder / "environment.json").write_text('{"python": "3.11.7", "cores": 2, "versions": "torch 0.0"}')
+    png = _png()
+    for path in NOTEBOOK_FILES:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran in the smoke run\n")]
+            if "plt.show()" in cell.source:
+                cell.outputs.append(nbformat.v4.new_output("display_data", data={"image/png": png}))
+        if path.stem == "llama_lora":
+            nb.cells[-1].source += "\n# edited after the run"
+        nb.metadata["papermill"] = {
+            "end_time": "2099-01-01T00:01:01",
+            "duration": RUN_SECONDS,
+            "exception": None,
+        }
+        nbformat.write(nb, folder / path.name)
+    out = ARTIFACTS / "docs" / "html-after-run"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = sphinx_build(DOCS, out, DOCS_RUNS=str(runs))
+    assert proc.returncode == 0, f"the docs build warned or failed:\n{proc.stderr[-6000:]}"
+    with serve(out) as url:
+        yield out, url
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +301,7 @@ def test_notebook_page_shows_title_code_and_no_traceback(browser, base_url, path
 
 @pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
 def test_notebook_page_says_what_you_should_see(browser, base_url, path):
-    """On the default site (notebooks not executed), a box under the title says what a smoke run shows.
+    """On a site built before any `make run`, a box under the title says what a smoke run shows.
 
     Its points are those of the notebook's own cell tagged `what-you-should-see` (right after its training
     cell), each led by a bold phrase, and the full-scale result.
@@ -257,10 +317,13 @@ def test_notebook_page_says_what_you_should_see(browser, base_url, path):
         assert "SMOKE_TEST=1" in text  # how to get there
         missing = [lead for lead in leads if lead not in text]
         assert not missing, f"not in the box: {missing}"
-        # right under the title, before the notebook's own text and code
+        # under the title and the page's facts (run time, reading time, download), before the notebook's text
         title_bottom = page.locator("article h1").first.bounding_box()
         title_bottom = title_bottom["y"] + title_bottom["height"]
-        assert title_bottom <= box.bounding_box()["y"] < title_bottom + 100
+        facts = page.locator("article div.page-facts").bounding_box()
+        assert title_bottom <= facts["y"] < title_bottom + 100
+        facts_bottom = facts["y"] + facts["height"]
+        assert facts_bottom <= box.bounding_box()["y"] < facts_bottom + 100
         assert box.bounding_box()["y"] < page.locator("article div.cell_input").first.bounding_box()["y"]
         assert "Outputs from a CPU smoke run" not in page.locator("article").inner_text()
 
@@ -334,6 +397,46 @@ def test_notebook_page_code_reads_without_horizontal_scrolling(browser, base_url
         )
     assert min(b["font"] for b in blocks) >= 12, "code shrunk below 12 px to fit"
     assert page_width[0] <= page_width[1], f"the page itself scrolls sideways: {page_width}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
+def test_after_make_run_each_page_shows_that_runs_outputs_without_executing(browser, run_site, path):
+    """`make docs` after `make run`: the run's outputs, its date and time, and the download, executing
+    nothing; a notebook changed since its run is shown without outputs, as before any run."""
+    site, url = run_site
+    with open_page(browser, f"{url}/notebooks/{path.stem}.html") as page:
+        facts = page.locator("article div.page-facts").inner_text()
+        assert "Reading time: about" in facts and "Last verified:" in facts
+        download = page.locator("article div.page-facts a.download")
+        assert download.get_attribute("href").endswith(f"{path.stem}.ipynb")
+        with page.expect_download() as got:
+            download.click()
+        assert nbformat.reads(Path(got.value.path()).read_text(), as_version=4).cells
+        images = page.locator("article div.cell_output img")
+        if path.stem == "llama_lora":  # its code changed since the run: no outputs, the box instead
+            assert images.count() == 0 and page.locator("article div.what-you-should-see").count() == 1
+            assert "not run in this checkout yet" in facts
+            return
+        assert f"Laptop run: {RUN_SECONDS:.0f} s on the last make run in this checkout (2099-01-01)" in facts
+        assert images.count() >= 1, "no plot on the page"
+        assert images.first.evaluate("img => img.complete && img.naturalWidth > 100")
+        note = page.locator("article div.admonition.note").first.inner_text()
+        assert "Outputs from a CPU smoke run" in note and "2099-01-01" in note and "torch 0.0" in note
+        assert page.locator("article div.what-you-should-see").count() == 0
+
+
+def test_the_guide_pages_tables_come_from_code(site):
+    sys.path.insert(0, str(DOCS))
+    import tables
+
+    techniques = (site / "techniques.html").read_text()
+    for cell in re.findall(r"\d[\d,]* GB \(\d+%\): [a-z ,*]+", tables.techniques()):
+        assert cell.split(":")[0] in techniques
+    assert "too big" in techniques and "fits" in techniques
+    path = (site / "tutorials.html").read_text()
+    assert path.index("glue_text_classification.html") < path.index("llama_fsdp.html")
+    trouble = (site / "troubleshooting.html").read_text()
+    assert trouble.count("<h2") == 6 and "does not fit" in trouble and "would wait forever" in trouble
 
 
 @pytest.mark.docs_executed
