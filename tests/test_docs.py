@@ -166,9 +166,17 @@ def run_site(tmp_path_factory) -> Iterator[tuple[Path, str]]:
             "exception": None,
         }
         nbformat.write(nb, folder / path.name)
+    # Only the notebook pages (docs/conf.py, the notebooks, the label their facts link to): the guide pages
+    # and the reference are the default site's.
+    src = tmp_path_factory.mktemp("src")
+    (src / "notebooks").symlink_to(NOTEBOOKS)
+    pages = "\n".join(f"notebooks/{p.stem}" for p in NOTEBOOK_FILES)
+    (src / "index.md").write_text(
+        f"# Notebooks\n\n(run-the-notebooks)=\n## Run\n\n```{{toctree}}\n{pages}\n```\n"
+    )
     out = ARTIFACTS / "docs" / "html-after-run"
     shutil.rmtree(out, ignore_errors=True)
-    proc = sphinx_build(DOCS, out, DOCS_RUNS=str(runs))
+    proc = sphinx_build(src, out, DOCS_RUNS=str(runs))
     assert proc.returncode == 0, f"the docs build warned or failed:\n{proc.stderr[-6000:]}"
     with serve(out) as url:
         yield out, url
