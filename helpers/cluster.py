@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import warnings
+from pathlib import Path
 
 __all__ = [
     "start_ray",
@@ -531,6 +532,69 @@ def fetch_model(model_name: str) -> float:
     elif not os.path.exists(os.path.join(model_name, "config.json")):
         raise FileNotFoundError(f"no config.json in the folder {model_name}")
     return time.perf_counter() - start
+
+
+def local_disk_shortfall(needs: dict[str, int], model_name: str = "") -> list[str]:
+    """On this node: where the run's local files go and whether the disk under each has room for them.
+
+    `needs`: bytes per destination, "hub cache" (the Hub download: nothing if `model_name` is a folder or
+    already cached here) and "temp" (staged checkpoints and the export, in `tempfile.gettempdir()`). Two
+    destinations on one filesystem add up. Returns one line per filesystem that is short, else [].
+    """
+    import shutil
+    import tempfile
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    need = dict(needs)
+    if (
+        not model_name
+        or os.path.isdir(model_name)
+        or isinstance(try_to_load_from_cache(model_name, "config.json"), str)
+    ):
+        need["hub cache"] = 0  # a folder, or already in this node's cache
+    folders = {"hub cache": constants.HF_HUB_CACHE, "temp": tempfile.gettempdir()}
+    by_disk: dict[int, list] = {}
+    for what, folder in folders.items():
+        existing = next(p for p in [Path(folder), *Path(folder).parents] if p.exists())
+        entry = by_disk.setdefault(os.stat(existing).st_dev, [existing, 0, []])
+        entry[1] += need.get(what, 0)
+        entry[2].append(f"{what} {folder}")
+    short = []
+    for existing, bytes_needed, names in by_disk.values():
+        free = shutil.disk_usage(existing).free
+        if bytes_needed > free:
+            short.append(
+                f"{' and '.join(names)}: needs {bytes_needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+            )
+    return short
+
+
+def check_local_disk_on_nodes(needs: dict[str, int], model_name: str, use_gpu: bool) -> int:
+    """Refuse a run whose local files would not fit where they are written, on any node that can run a
+    worker (`local_disk_shortfall` there); return how many nodes were checked.
+
+    The plan's disk row compares with an instance type's local disk, but the files go to the Hugging Face
+    cache (`HF_HOME`) and the temp folder (`TMPDIR`), often a small root volume or a container's overlay:
+    an ENOSPC after hours of training. This finds it before the download starts.
+    """
+    import ray
+
+    from .validate import ParameterError
+
+    @ray.remote(num_cpus=0)
+    def shortfall(needs: dict[str, int], model: str) -> list[str]:
+        return local_disk_shortfall(needs, model)
+
+    answers = _on_every_node(shortfall, needs, model_name, use_gpu=use_gpu)
+    short = {node: lines for node, lines in answers.items() if lines}
+    if short:
+        lines = "; ".join(f"node {node}: {', '.join(found)}" for node, found in short.items())
+        raise ParameterError(
+            f"Not enough local disk for the run's files ({lines}). Point HF_HOME and TMPDIR at a larger disk "
+            "on every node (the instance's NVMe, e.g. /mnt/local_storage) before Ray starts, or free space."
+        )
+    return len(answers)
 
 
 def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[str, float]:

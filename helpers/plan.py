@@ -586,12 +586,12 @@ def _host_and_disk_bytes(
     # run's node needs its ranks' shards; ZeRO-0 to 2 keep the full weights in rank 0's files, counted
     # whole.
     sharded_state = sharding in ("fsdp", "zero3")
-    local_disk = (12 * p // n * per_node if sharded_state else 12 * p) if checkpoint == "staged" else 0
-    local_disk += exported if export_bytes else 0  # rank 0 writes the export before it is uploaded
-    local_disk += stored * size.params  # the Hub download, in each node's Hugging Face cache
+    temp = (12 * p // n * per_node if sharded_state else 12 * p) if checkpoint == "staged" else 0
+    temp += exported if export_bytes else 0  # rank 0 writes the export before it is uploaded
+    download = stored * size.params  # the Hub download, in each node's Hugging Face cache
     return dict(
         loaded=loaded, loads=loads, load_rank0=(loaded + stored) * p, checkpoint=checkpoint_bytes,
-        host_ckpt=host_ckpt, consolidate=consolidate, local_disk=local_disk,
+        host_ckpt=host_ckpt, consolidate=consolidate, local_disk=temp + download, temp=temp, download=download,
     )  # fmt: skip
 
 
@@ -613,7 +613,11 @@ def _host_and_disk_rows(
 
     b = _host_and_disk_bytes(run, sharding, loading, checkpoint, export_bytes, lora_merged)
     details.update(
-        load_bytes_rank0=b["load_rank0"], checkpoint_bytes=b["checkpoint"], local_disk_bytes=b["local_disk"]
+        load_bytes_rank0=b["load_rank0"],
+        checkpoint_bytes=b["checkpoint"],
+        local_disk_bytes=b["local_disk"],
+        hub_download_bytes=b["download"],
+        temp_file_bytes=b["temp"],
     )
     lora, n, per_node, stored, node = run.lora, run.n, run.per_node, run.stored, run.node
     loaded, sharded_state = b["loaded"], sharding in ("fsdp", "zero3")
@@ -636,6 +640,7 @@ def _host_and_disk_rows(
         staged
         + (f"export {export_bytes} B x params + " if export_bytes else "")
         + (f"Hub download {stored} B x params")
+        + "; the Set up cell also checks the disks under HF_HOME and TMPDIR, where the files go, on every node"
     )
     host_fix = fixes.get("host", "")
     rows = [

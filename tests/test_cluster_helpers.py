@@ -241,3 +241,24 @@ def test_nccl_and_efa_settings_reach_the_workers(monkeypatch):
     env_vars = helpers.cluster.job_runtime_env(attach=False)["env_vars"]
     assert env_vars["NCCL_SOCKET_IFNAME"] == "ens5" and env_vars["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env_vars["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "SOME_OTHER_SETTING" not in env_vars
+
+
+def test_local_disk_is_checked_where_the_hub_cache_and_temp_folder_are(tmp_path, monkeypatch):
+    import tempfile
+
+    from huggingface_hub import constants
+
+    from helpers.cluster import local_disk_shortfall
+
+    hub, temp = tmp_path / "hf" / "hub", tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))  # not there yet: its parent's disk counts
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    huge = 10**18  # more than any disk
+    short = local_disk_shortfall({"hub cache": huge, "temp": 1}, "meta-llama/Llama-2-70b-chat-hf")
+    # One filesystem under both: one line naming both folders, their needs added up.
+    assert len(short) == 1 and f"hub cache {hub}" in short[0] and f"temp {temp}" in short[0], short
+    assert "1000000000.0 GB" in short[0]
+    # A model in a local folder downloads nothing; a little room is found.
+    assert local_disk_shortfall({"hub cache": huge, "temp": 1}, str(tmp_path)) == []
+    assert local_disk_shortfall({"hub cache": 1, "temp": 1}, "meta-llama/Llama-2-70b-chat-hf") == []
