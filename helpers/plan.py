@@ -643,10 +643,20 @@ def _host_and_disk_rows(
         + "; the Set up cell also checks the disks under HF_HOME and TMPDIR, where the files go, on every node"
     )
     host_fix = fixes.get("host", "")
+    # What training already keeps in host RAM (offloaded shards and optimizer step, or CPU workers' all)
+    # comes on top of each host row.
+    held = f"training state already in host RAM {_gb(host)} + " if host else ""
     rows = [
-        _Row("host RAM while loading", "per node", host + b["loads"], node.memory, host_fix, load_terms),
         _Row(
-            "host RAM at a checkpoint", "per node", host + b["host_ckpt"], node.memory, host_fix, ckpt_terms
+            "host RAM while loading", "per node", host + b["loads"], node.memory, host_fix, held + load_terms
+        ),
+        _Row(
+            "host RAM at a checkpoint",
+            "per node",
+            host + b["host_ckpt"],
+            node.memory,
+            host_fix,
+            held + ckpt_terms,
         ),
     ]
     if export_bytes:
@@ -657,7 +667,7 @@ def _host_and_disk_rows(
         else:
             terms = "rank 0 gathers the fp32 adapters, 4 B x adapter params"
         rows.append(_Row("host RAM to consolidate (rank 0)", "per node", host + b["consolidate"], node.memory,
-                        host_fix, terms))  # fmt: skip
+                        host_fix, held + terms))  # fmt: skip
     stored_terms = (
         f"fp32 adapters and AdamW moments 12 B x {lora.params:,} adapter params + the adapter export"
         + (f" + the merged model {export_bytes} B x params" if lora_merged else "")

@@ -114,6 +114,17 @@ def test_dolly_alone_with_offload_holds_the_whole_16_bit_model_as_measured_on_a_
     assert "whole model" in _row(alone, "training").terms
 
 
+def test_dolly_host_ram_at_a_checkpoint_is_the_offloaded_state_plus_the_staged_shard():
+    # 13.7 GB per node, not 12 B x params / 16 = 5.1 GB: with CPU offload the node already holds its
+    # shard of weights, gradients and moments (16 B x params / 16) and the optimizer step's temporary.
+    plan = _dolly()
+    row, params = _row(plan, "host RAM at a checkpoint"), plan.details["params"]
+    offloaded = 16 * params // 16 + plan.details["optimizer_step_temporary_bytes"]
+    assert row.need == pytest.approx(offloaded + 12 * params / 16, rel=1e-6)
+    assert row.terms.startswith("training state already in host RAM")
+    assert not _row(_dolly(offload="none"), "host RAM at a checkpoint").terms.startswith("training state")
+
+
 def test_dolly_without_offload_on_four_t4s_is_refused_naming_the_fix():
     plan = _dolly(offload="none", num_workers=4, cluster={"g4dn.4xlarge": 4})
     with pytest.raises(hp.ParameterError, match=r"does not fit(.|\n)*training \(T4 GPU\)(.|\n)*GPU-FIX"):
