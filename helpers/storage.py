@@ -417,6 +417,34 @@ def dcp_writer(
     return writer
 
 
+def write_json(filesystem, path: str, value, stall_s: float = STALL_S, tries: int = WRITE_TRIES) -> None:
+    """Write `value` as JSON to `path` on a pyarrow `filesystem`, with `dcp_writer`'s deadline and tries: a
+    small file next to a checkpoint (the Llama notebooks' `trainer_state.json`) never waits on a stalled
+    bucket for longer than the checkpoint's own files would."""
+    import json
+
+    data = json.dumps(value).encode()
+
+    def write() -> None:
+        with filesystem.open_output_stream(path) as f:
+            f.write(data)
+
+    _with_deadline(path, len(data), write, stall_s=stall_s, min_rate=MIN_WRITE_RATE, tries=tries, stalls=[])
+
+
+def read_json(filesystem, path: str, stall_s: float = STALL_S, tries: int = WRITE_TRIES):
+    """Read the JSON file at `path` on a pyarrow `filesystem`, with `dcp_reader`'s deadline and tries."""
+    import json
+
+    def read():
+        with filesystem.open_input_stream(path) as f:
+            return json.loads(f.read())
+
+    return _with_deadline(
+        path, 1 << 20, read, stall_s=stall_s, min_rate=MIN_WRITE_RATE, tries=tries, stalls=[], done="read"
+    )
+
+
 def dcp_reader(
     filesystem,
     path: str,

@@ -262,3 +262,28 @@ def test_local_disk_is_checked_where_the_hub_cache_and_temp_folder_are(tmp_path,
     # A model in a local folder downloads nothing; a little room is found.
     assert local_disk_shortfall({"hub cache": huge, "temp": 1}, str(tmp_path)) == []
     assert local_disk_shortfall({"hub cache": 1, "temp": 1}, "meta-llama/Llama-2-70b-chat-hf") == []
+
+
+def test_a_small_json_next_to_a_checkpoint_has_the_checkpoints_deadline(tmp_path):
+    import threading
+
+    import pyarrow.fs as pafs
+
+    from helpers.storage import StorageStalled, read_json, write_json
+
+    local = pafs.LocalFileSystem()
+    write_json(local, str(tmp_path / "trainer_state.json"), {"step": 12})
+    assert read_json(local, str(tmp_path / "trainer_state.json")) == {"step": 12}
+
+    release = threading.Event()
+
+    class Stalled:  # a bucket that never answers
+        def open_output_stream(self, path):
+            release.wait(30)
+            raise OSError("released")
+
+    try:
+        with pytest.raises(StorageStalled, match="not written in 2 tries"):
+            write_json(Stalled(), "bucket/trainer_state.json", {"step": 12}, stall_s=0.2, tries=2)
+    finally:
+        release.set()
