@@ -85,6 +85,11 @@ def train(config: dict) -> dict:
     generator = torch.Generator().manual_seed(0)
     rows = config["global_batch"] * (config["max_steps"] + 1)
     packed = torch.randint(0, 32000, (rows, config["seq_len"]), dtype=torch.int32, generator=generator)
+    frozen = None
+    if config["lora_rank"]:  # the notebook's last-step check that the base stayed frozen, under NCCL
+        from helpers.fsdp import _frozen_fingerprint
+
+        frozen = _frozen_fingerprint(model)
     model.train()
     seconds, losses, first_step_at = [], [], None
     for step in range(config["max_steps"]):
@@ -116,6 +121,10 @@ def train(config: dict) -> dict:
     except Exception as error:  # the figure is a cross-check; the run stands without it
         counted = f"{type(error).__name__}: {error}"
     saved = {}
+    if frozen is not None:  # an all-reduce of a GPU tensor: a CPU one fails under NCCL
+        from helpers.fsdp import frozen_tensors_changed
+
+        saved["frozen_tensors_changed"] = frozen_tensors_changed(model, frozen)
     if config.get("save_to"):  # the notebook's save_sharded, under NCCL: its writer threads and collectives
         import pyarrow.fs as pafs
 
