@@ -83,7 +83,12 @@ def techniques() -> str:
             )
             row = next(r for r in plan.rows if r.where == "per GPU")
             verdict = {"ok": "fits", "close": "fits, close", "too big": "**too big**"}[row.status]
-            cells.append(f"{row.need / 1e9:,.0f} GB ({row.share:.0%}): {verdict}")
+            cell = f"{row.need / 1e9:,.0f} GB ({row.share:.0%}): {verdict}"
+            host = max((r for r in plan.rows if r.what.startswith("host RAM")), key=lambda r: r.need)
+            if host.status != "ok":  # offloading moves the problem to the node's RAM
+                host_verdict = {"close": "close", "too big": "**too big**"}[host.status]
+                cell += f"; host RAM {host.need / 1e9:,.0f} GB ({host.share:.0%}): {host_verdict}"
+            cells.append(cell)
         rows.append(f"| {label} | " + " | ".join(cells) + f" | [{notebook}](notebooks/{notebook}) |")
     return header + "\n".join(rows) + "\n"
 
