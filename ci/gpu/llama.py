@@ -136,7 +136,7 @@ def train(config: dict) -> dict:
             model, optimizer, {"step": len(seconds)}, rank, pafs.LocalFileSystem(), config["save_to"]
         )
         files = list(Path(config["save_to"]).rglob("*"))
-        saved = {
+        saved |= {
             "save_seconds": time.perf_counter() - t0,
             "save_bytes": sum(f.stat().st_size for f in files if f.is_file()),
             "save_files": sorted(f.name for f in files),
