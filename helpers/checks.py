@@ -478,14 +478,17 @@ def check_parameters(notebook: str, namespace: dict):
 
 
 def check_cluster(notebook: str, namespace: dict) -> None:
-    """After `helpers.start_ray`: can this Ray cluster ever run the workers, and can every node write the
-    checkpoints? For Llama, each node also fetches the weights now (`prefetch_model_on_nodes`)."""
+    """After `helpers.start_ray`: can this Ray cluster ever run the workers, can every node write the
+    checkpoints, and (with the Set up cell's `plan` in `namespace`) does every node have the local disk
+    for the files the plan puts there? For Llama, each node also fetches the weights now
+    (`prefetch_model_on_nodes`)."""
     from .cluster import (
         _check_storage_from_nodes,
         check_local_disk_on_nodes,
         check_resources,
         prefetch_model_on_nodes,
     )
+    from .plan import Plan
     from .tracking import _check_tracking_from_nodes, tracking_uri
 
     _notebook(notebook)
@@ -499,8 +502,8 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     )
     nodes = _check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
     where = f"; every node ({nodes}) can write to the bucket" if nodes else ""
-    plan = plan_for(notebook, p)
-    if plan:  # before the Llama prefetch below: its download is what may not fit
+    plan = p.get("plan")  # the Set up cell's, from check_parameters
+    if isinstance(plan, Plan):  # before the Llama prefetch below: its download is what may not fit
         needs = {"hub cache": plan.details["hub_download_bytes"], "temp": plan.details["temp_file_bytes"]}
         checked = check_local_disk_on_nodes(needs, p["MODEL_NAME"], p["USE_GPU"])
         where += f"; local disk checked on {checked} node(s)" if checked else ""

@@ -595,31 +595,13 @@ def _host_and_disk_bytes(
     )  # fmt: skip
 
 
-def _host_and_disk_rows(
-    run: _Run,
-    host: int,
-    sharding: str,
-    loading: str,
-    checkpoint: str,
-    export_bytes: int,
-    num_to_keep: int,
-    lora_merged: bool,
-    fixes: dict[str, str],
-    details: dict,
-) -> list[_Row]:
-    """The rows after the device's: host RAM while loading, at a checkpoint and to consolidate (per node),
-    local disk, and the checkpoints in storage."""
+def _host_and_disk_terms(
+    run: _Run, b: dict[str, int], sharding: str, loading: str, checkpoint: str, export_bytes: int
+) -> tuple[str, str, str]:
+    """How `_host_and_disk_rows` arrives at its loading, checkpoint and disk figures, in words."""
     from .storage import STREAM_FILE_BYTES
 
-    b = _host_and_disk_bytes(run, sharding, loading, checkpoint, export_bytes, lora_merged)
-    details.update(
-        load_bytes_rank0=b["load_rank0"],
-        checkpoint_bytes=b["checkpoint"],
-        local_disk_bytes=b["local_disk"],
-        hub_download_bytes=b["download"],
-        temp_file_bytes=b["temp"],
-    )
-    lora, n, per_node, stored, node = run.lora, run.n, run.per_node, run.stored, run.node
+    lora, n, per_node, stored = run.lora, run.n, run.per_node, run.stored
     loaded, sharded_state = b["loaded"], sharding in ("fsdp", "zero3")
     loaders = f"{per_node} ranks" if loading == "every rank" else "rank 0"
     load_terms = (
@@ -641,6 +623,36 @@ def _host_and_disk_rows(
         + (f"export {export_bytes} B x params + " if export_bytes else "")
         + (f"Hub download {stored} B x params")
         + "; the Set up cell also checks the disks under HF_HOME and TMPDIR, where the files go, on every node"
+    )
+    return load_terms, ckpt_terms, disk_terms
+
+
+def _host_and_disk_rows(
+    run: _Run,
+    host: int,
+    sharding: str,
+    loading: str,
+    checkpoint: str,
+    export_bytes: int,
+    num_to_keep: int,
+    lora_merged: bool,
+    fixes: dict[str, str],
+    details: dict,
+) -> list[_Row]:
+    """The rows after the device's: host RAM while loading, at a checkpoint and to consolidate (per node),
+    local disk, and the checkpoints in storage."""
+
+    b = _host_and_disk_bytes(run, sharding, loading, checkpoint, export_bytes, lora_merged)
+    details.update(
+        load_bytes_rank0=b["load_rank0"],
+        checkpoint_bytes=b["checkpoint"],
+        local_disk_bytes=b["local_disk"],
+        hub_download_bytes=b["download"],
+        temp_file_bytes=b["temp"],
+    )
+    lora, stored, node = run.lora, run.stored, run.node
+    load_terms, ckpt_terms, disk_terms = _host_and_disk_terms(
+        run, b, sharding, loading, checkpoint, export_bytes
     )
     host_fix = fixes.get("host", "")
     # What training already keeps in host RAM (offloaded shards and optimizer step, or CPU workers' all)
