@@ -16,49 +16,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Each technique as the notebook that teaches it configures it, for plan_training.
-_BF16 = dict(gather_bytes=2, activation_checkpointing=True)
-TECHNIQUES = [
-    ("DDP (every GPU holds everything)", "glue_text_classification", dict(sharding="zero0", **_BF16)),
-    ("ZeRO-1 (optimizer states sharded)", "gpt2_deepspeed", dict(sharding="zero1", **_BF16)),
-    ("ZeRO-2 (and gradients)", "gpt2_deepspeed", dict(sharding="zero2", **_BF16)),
-    ("ZeRO-3 (and weights)", "gpt2_deepspeed", dict(sharding="zero3", **_BF16)),
-    (
-        "ZeRO-3, optimizer and weights offloaded to CPU",
-        "gpt2_deepspeed",
-        dict(sharding="zero3", offload="optimizer+params", **_BF16),
-    ),
-    (
-        "FSDP (Lightning's FSDPStrategy)",
-        "dolly_lightning_fsdp",
-        dict(sharding="fsdp", reduce_bytes=2, no_shard_alone=True, **_BF16),
-    ),
-    (
-        "FSDP2 (`fully_shard`, the Llama recipe)",
-        "llama_fsdp",
-        dict(
-            sharding="fsdp",
-            reduce_bytes=2,
-            foreach_optimizer=False,
-            separate_embeddings=True,
-            loading="rank 0",
-            **_BF16,
+
+def _techniques() -> list[tuple[str, str, dict]]:
+    """(label, the notebook that teaches it, its plan_training recipe: the notebook's own, from
+    `helpers.checks`), with activation checkpointing on for all, as the page says."""
+    from helpers.checks import _plan_dolly, _plan_gpt2, _plan_llama
+
+    def zero(stage: int, offload: str = "none") -> dict:
+        return _plan_gpt2({"ZERO_STAGE": stage, "OFFLOAD": offload})
+
+    def llama(lora_rank: int) -> dict:
+        return _plan_llama({"USE_GRADIENT_CHECKPOINTING": True, "LORA_RANK": lora_rank, "LORA_MERGED": False})
+
+    return [
+        ("DDP (every GPU holds everything)", "glue_text_classification", zero(0)),
+        ("ZeRO-1 (optimizer states sharded)", "gpt2_deepspeed", zero(1)),
+        ("ZeRO-2 (and gradients)", "gpt2_deepspeed", zero(2)),
+        ("ZeRO-3 (and weights)", "gpt2_deepspeed", zero(3)),
+        ("ZeRO-3, optimizer and weights offloaded to CPU", "gpt2_deepspeed", zero(3, "optimizer+params")),
+        (
+            "FSDP (Lightning's FSDPStrategy)",
+            "dolly_lightning_fsdp",
+            _plan_dolly({"PRECISION": "bf16-mixed", "CPU_OFFLOAD": False}),
         ),
-    ),
-    (
-        "LoRA r=16 over FSDP2",
-        "llama_lora",
-        dict(
-            sharding="fsdp",
-            reduce_bytes=2,
-            foreach_optimizer=False,
-            separate_embeddings=True,
-            loading="rank 0",
-            lora_rank=16,
-            **_BF16,
-        ),
-    ),
-]
+        ("FSDP2 (`fully_shard`, the Llama recipe)", "llama_fsdp", llama(0)),
+        ("LoRA r=16 over FSDP2", "llama_lora", llama(16)),
+    ]
+
+
 MODELS = {"Llama 2 7B": "meta-llama/Llama-2-7b-hf", "Llama 2 70B": "meta-llama/Llama-2-70b-hf"}
 CLUSTER = {"p4de.24xlarge": 1}  # 8 A100-80GB
 
@@ -68,7 +53,7 @@ def techniques() -> str:
 
     header = "| technique | " + " | ".join(MODELS) + " | taught in |\n|---|" + "---|" * len(MODELS) + "---|\n"
     rows = []
-    for label, notebook, recipe in TECHNIQUES:
+    for label, notebook, recipe in _techniques():
         cells = []
         for model in MODELS.values():
             plan = plan_training(
@@ -78,8 +63,7 @@ def techniques() -> str:
                 cluster=CLUSTER,
                 batch_size=1,
                 seq_len=2048,
-                fixes={},
-                **recipe,
+                **{**recipe, "activation_checkpointing": True},
             )
             row = next(r for r in plan.rows if r.where == "per GPU")
             verdict = {"ok": "fits", "close": "fits, close", "too big": "**too big**"}[row.status]
