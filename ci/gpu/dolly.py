@@ -21,6 +21,7 @@ import ast
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -261,6 +262,7 @@ def main() -> None:
             Path(args.out) / f"{NOTEBOOK}.json", dict(environment=environment(), config=header, runs=runs)
         )
     ray.shutdown()
+    shutil.rmtree(work, ignore_errors=True)  # the model and the run's files: the results are in --out
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -204,6 +205,7 @@ def main() -> None:
     import ray
 
     ray.shutdown()
+    shutil.rmtree(work, ignore_errors=True)  # the model and the run's files: the results are in --out
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -311,6 +312,7 @@ def main() -> None:
             },
         )
     ray.shutdown()
+    shutil.rmtree(work, ignore_errors=True)  # the model and checkpoints: the results are in `out`
 
 
 if __name__ == "__main__":
