@@ -48,6 +48,28 @@ def lesson_namespace(notebook: str, params: dict | None = None) -> dict:
     return namespace
 
 
+def parameter_defaults(notebook: str) -> dict:
+    """The notebook's parameters cell, executed: its full-scale defaults (`make plan`'s reading of it)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "ci"))
+    from plan import parameters
+
+    return parameters(notebook, [])
+
+
+def lesson_cells(namespace: dict, notebook: str, names: tuple, skip: tuple = ()) -> dict:
+    """Execute into `namespace` the defining statements (imports, defs, classes, assignments but to `skip`) of
+    the cells defining one of `names`: cells `lesson_namespace` leaves out (a class alone, a def and a call)."""
+    for index, cell in enumerate(json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]):
+        body = ast.parse("".join(cell["source"])).body if cell["cell_type"] == "code" else []
+        if any(isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name in names for n in body):
+            assigns = {n: {getattr(t, "id", 0) for t in n.targets} for n in body if isinstance(n, ast.Assign)}
+            keep = [n for n in body if isinstance(n, _DEFINING) and not assigns.get(n, set()) & set(skip)]
+            exec(compile(ast.Module(keep, []), f"{notebook}.ipynb[{index}]", "exec"), namespace)
+    return namespace
+
+
 def environment() -> dict:
     """The GPU, the versions and the date, for a result's header."""
     import torch

@@ -17,7 +17,6 @@ nothing, so the generated texts are short). On one GPU FSDP runs as NO_SHARD (wo
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import json
 import os
@@ -29,32 +28,12 @@ import traceback
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import _DEFINING, REPO, environment, lesson_namespace, write_result  # noqa: E402
+from common import REPO, environment, lesson_cells, lesson_namespace, parameter_defaults, write_result  # noqa: E402
 
 NOTEBOOK = "dolly_lightning_fsdp"
 FULL = dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=16, intermediate_size=8192)
 SMOKE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256)
 PROMPTS = ["This is", "I am", "Once more"]  # the notebook's
-
-
-def parameter_defaults(notebook: str) -> dict:
-    """The notebook's parameters cell, executed: its full-scale defaults."""
-    cells = json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
-    values: dict = {}
-    exec("".join(next(c for c in cells if "parameters" in c["metadata"].get("tags", []))["source"]), values)
-    return {k: v for k, v in values.items() if k.isupper()}
-
-
-def lesson_cells(namespace: dict, notebook: str, names: tuple, skip: tuple = ()) -> dict:
-    """Execute into `namespace` the defining statements (imports, defs, classes, assignments but to `skip`) of
-    the cells defining one of `names`: cells `lesson_namespace` leaves out (a class alone, a def and a call)."""
-    for index, cell in enumerate(json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]):
-        body = ast.parse("".join(cell["source"])).body if cell["cell_type"] == "code" else []
-        if any(isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name in names for n in body):
-            assigns = {n: {getattr(t, "id", 0) for t in n.targets} for n in body if isinstance(n, ast.Assign)}
-            keep = [n for n in body if isinstance(n, _DEFINING) and not assigns.get(n, set()) & set(skip)]
-            exec(compile(ast.Module(keep, []), f"{notebook}.ipynb[{index}]", "exec"), namespace)
-    return namespace
 
 
 def start_ray(cuda: bool) -> None:

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import REPO, environment, lesson_namespace, write_result  # noqa: E402
-from dolly import attempt, lesson_cells, parameter_defaults, start_ray  # noqa: E402
+from common import REPO, environment, lesson_cells, lesson_namespace, parameter_defaults, write_result  # noqa: E402
+from dolly import attempt, start_ray  # noqa: E402
 
 NOTEBOOK = "glue_text_classification"
 SMOKE = dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128)  # the full run: DistilBertConfig's defaults

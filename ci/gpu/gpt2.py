@@ -20,7 +20,6 @@ still going then is interrupted). DIR/gpt2_deepspeed.json is written after every
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "ci" / "gpu")]
 
-from common import environment, lesson_namespace, write_result  # noqa: E402
+from common import environment, lesson_cells, lesson_namespace, parameter_defaults, write_result  # noqa: E402
 
 NOTEBOOK = "gpt2_deepspeed"
 RUNS = [(1, "none"), (2, "none"), (3, "none"), (3, "optimizer+params")]  # offload last: CPU Adam builds
@@ -46,26 +45,10 @@ BUILD = (  # CPU Adam, as DeepSpeedCPUAdam loads it, into torch's extension cach
 )
 
 
-def notebook_cells() -> list[tuple]:
-    cells = json.loads((REPO / "notebooks" / f"{NOTEBOOK}.ipynb").read_text())["cells"]
-    return [("".join(c["source"]), c["metadata"].get("tags", [])) for c in cells if c["cell_type"] == "code"]
-
-
 def notebook_parameters() -> dict:
     """The parameters cell's defaults (SMOKE_TEST and the paths left out)."""
-    values: dict = {}
-    exec(next(src for src, tags in notebook_cells() if "parameters" in tags), values)
     skip = ("SMOKE_TEST", "STORAGE_PATH", "RESULTS_PATH")
-    return {k: v for k, v in values.items() if k.isupper() and k not in skip}
-
-
-def notebook_function(namespace: dict, name: str):
-    """A def of the notebook; `lesson_namespace` skips a cell that also runs something (`make_ds_config`'s)."""
-    for src, _ in notebook_cells():
-        for node in ast.parse(src).body:
-            if name not in namespace and isinstance(node, ast.FunctionDef) and node.name == name:
-                exec(compile(ast.Module([node], []), f"{NOTEBOOK}.ipynb", "exec"), namespace)
-    return namespace[name]
+    return {k: v for k, v in parameter_defaults(NOTEBOOK).items() if k not in skip}
 
 
 def train_worker(config: dict) -> None:
@@ -188,7 +171,8 @@ def main() -> int:
     model_info["parameters"] = sum(t.numel() for t in model.parameters())
     del model
     ns = lesson_namespace(NOTEBOOK, p)
-    make_ds_config = notebook_function(ns, "make_ds_config")
+    # its cell also builds and shows the default config: only the definition is taken
+    make_ds_config = lesson_cells(ns, NOTEBOOK, ("make_ds_config",), skip=("ds_config",))["make_ds_config"]
     config = {"parameters": p, "model": model_info, "steps": steps, "skip": skip, "smoke": args.smoke}
     result = {"environment": environment(), "config": config, "runs": []}
     out = Path(args.out) / f"{NOTEBOOK}.json"

@@ -36,7 +36,7 @@ def _model_folder(notebook: str, result: dict, folder: str) -> str:
 
 def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
     """The plan today's code makes for the configuration `run` recorded."""
-    from dolly import parameter_defaults
+    from common import parameter_defaults
 
     import helpers
 
