@@ -129,9 +129,10 @@ if EXECUTE:
     )
 
 
-def _code_cells(nb) -> list[str]:
+def _code_cells(nb) -> list:
+    """The notebook's code cells, without the one papermill adds for the values it was given."""
     return [
-        c.source
+        c
         for c in nb.cells
         if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])
     ]
@@ -151,7 +152,7 @@ def last_run(name: str, committed) -> tuple | None:
         papermill = executed.metadata.get("papermill", {})
         if papermill.get("exception") or not papermill.get("end_time"):
             continue
-        if _code_cells(executed) != _code_cells(committed):
+        if [c.source for c in _code_cells(executed)] != [c.source for c in _code_cells(committed)]:
             continue  # the notebook changed since: its outputs would not match the code shown
         env_file = folder / "environment.json"
         env = json.loads(env_file.read_text()) if env_file.is_file() else {}
@@ -162,12 +163,7 @@ def last_run(name: str, committed) -> tuple | None:
 def with_outputs(committed, executed) -> None:
     """Give the committed notebook's code cells the executed copy's outputs (its Markdown stays as
     committed: prose edited since the run shows as it is now)."""
-    ran = [
-        c
-        for c in executed.cells
-        if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])
-    ]
-    for cell, done in zip((c for c in committed.cells if c.cell_type == "code"), ran, strict=True):
+    for cell, done in zip(_code_cells(committed), _code_cells(executed), strict=True):
         cell.outputs, cell.execution_count = done.outputs, done.execution_count
 
 

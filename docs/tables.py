@@ -86,14 +86,16 @@ LEARNING_PATH = [
 ]
 
 
-def _header_row(notebook: str, row: str) -> tuple[str, str]:
-    """(full scale, laptop) of row `row` in the notebook's header table."""
-    first = json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"][0]
-    for line in "".join(first["source"]).splitlines():
+def _header(notebook: str) -> tuple[str, dict[str, tuple[str, str]]]:
+    """The notebook's title, and its header table: {row: (full scale, on a laptop)}. A missing row is a
+    KeyError naming it."""
+    first = "".join(json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"][0]["source"])
+    rows = {}
+    for line in first.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[0] == row:
-            return cells[1], cells[2]
-    raise ValueError(f"{notebook}: no {row!r} row in the header table")
+        if len(cells) == 3:
+            rows[cells[0]] = (cells[1], cells[2])
+    return re.sub(r"^#\s*", "", first.splitlines()[0]).strip(), rows
 
 
 def learning_path() -> str:
@@ -102,10 +104,8 @@ def learning_path() -> str:
         "|---|---|---|---|---|",
     ]
     for step, (notebook, adds) in enumerate(LEARNING_PATH, 1):
-        title = json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"][0]["source"][0]
-        title = re.sub(r"^#\s*", "", title).strip()
-        hardware, _ = _header_row(notebook, "hardware")
-        _, laptop = _header_row(notebook, "time")
+        title, rows = _header(notebook)
+        hardware, laptop = rows["hardware"][0], rows["time"][1]
         lines.append(f"| {step} | [{title}](notebooks/{notebook}) | {adds} | {hardware} | {laptop} |")
     return "\n".join(lines) + "\n"
 
