@@ -152,7 +152,7 @@ def troubleshooting() -> str:
         zero.mkdir(parents=True)
         for rank in range(2):
             (zero / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").touch()
-        world = _message(lambda: helpers.check_zero_checkpoint_workers(str(zero.parent), 4))
+        world = _message(lambda: helpers.zero_checkpoint.check_zero_checkpoint_workers(str(zero.parent), 4))
         world = world.replace(str(zero.parent), "s3://bucket/runs/gpt2/checkpoint_000002")
     sections = [
         (

@@ -7,59 +7,62 @@ are the ones the notebooks call; everything else lives in its module (`helpers.s
 `helpers.plan`, ...), and what no notebook calls is private to `helpers`.
 """
 
-from . import checks, cluster, failures, fsdp, plan, storage, tracking  # the notebooks name these modules
-from .cache import cache_dir
-from .checks import check_cluster, check_parameters
-from .cluster import gpus_for_one_task, start_ray
+from . import (
+    cache,
+    checks,
+    cluster,
+    failures,
+    fixtures,
+    fsdp,
+    observe,
+    plan,
+    storage,
+    tiny_models,
+    tracking,
+    zero_checkpoint,
+)
+from .cluster import gpus_for_one_task
 from .cost import run_cost
-from .fixtures import ag_news_fixture, chat_fixture, glue_fixture, play_script_fixture
-from .flops import model_flops_utilization
 from .glue import GLUE_TASKS
 from .memory import PeakRSS
 from .metrics import GlueMetric
-from .observe import Observer, Watch, lightning_observer, trainer_observer, watch
+from .notebook import set_up
+from .observe import Observer, lightning_observer, trainer_observer, watch
 from .plots import plot_losses
-from .results import Stopwatch, write_results
-from .smoke import parameter_values, smoke_overrides
-from .tiny_models import tiny_model
+from .results import write_results
+from .smoke import parameter_values
 from .validate import ParameterError, choose_attention
-from .zero_checkpoint import check_zero_checkpoint_workers, zero_rank_files
+from .zero_checkpoint import zero_checkpoint_folder
 
 __all__ = [
+    # modules: the notebooks name checks, fsdp, plan, storage and tracking; ci/ and the tests the others
+    "cache",
+    "cluster",
+    "failures",
+    "fixtures",
+    "observe",
+    "tiny_models",
+    "zero_checkpoint",
+    # what the notebooks call
     "GLUE_TASKS",
     "GlueMetric",
     "Observer",
     "ParameterError",
     "PeakRSS",
-    "Stopwatch",
-    "Watch",
-    "ag_news_fixture",
-    "cache_dir",
-    "chat_fixture",
-    "check_cluster",
-    "check_parameters",
-    "check_zero_checkpoint_workers",
     "checks",
     "choose_attention",
-    "cluster",
-    "failures",
     "fsdp",
-    "glue_fixture",
     "gpus_for_one_task",
     "lightning_observer",
-    "model_flops_utilization",
     "parameter_values",
     "plan",
-    "play_script_fixture",
     "plot_losses",
     "run_cost",
-    "smoke_overrides",
-    "start_ray",
+    "set_up",
     "storage",
-    "tiny_model",
     "tracking",
     "trainer_observer",
     "watch",
     "write_results",
-    "zero_rank_files",
+    "zero_checkpoint_folder",
 ]

@@ -7,7 +7,7 @@ Used by the "Set up" cell of every notebook:
   written, a model or dataset that cannot be reached, a sequence longer than the model's positions, or
   a run the "will it fit?" plan (`helpers.plan`) says does not fit. It returns that plan. Nothing is
   downloaded and no GPU is requested before it has passed.
-- `check_cluster(notebook, globals())`, after `helpers.start_ray`: the Ray cluster can run the workers
+- `check_cluster(notebook, globals())`, after `helpers.cluster.start_ray`: the Ray cluster can run the workers
   at all (`fit()` would otherwise wait forever), every node can write to `STORAGE_PATH` (the workers
   write the checkpoints), every worker can reach the MLflow store (`helpers.tracking`), and, for Llama,
   every node has the weights before the first collective's timeout starts.
@@ -406,15 +406,20 @@ def plan_for(notebook: str, p: dict, title: str | None = None):
     )
 
 
-def compare_plans(notebook: str, p: dict, variants: dict[str, dict]):
-    """One table, one column per variant (a label: the parameters it changes), rows as in the plan:
-    "needs GB (share of what the node has, and "close" or "too big" where it is)". E.g. ZeRO stages 0-3 side by side, or 1 worker against `NUM_WORKERS`."""
+def compare_plans(notebook: str, namespace: dict, variants: dict[str, dict]):
+    """The full-scale run's plan (the parameters cell's defaults, even in smoke mode: `full_scale`) in
+    variants side by side: one table, one column per variant (a label: the parameters it changes), rows as
+    in the plan: "needs GB (share of what the node has, and "close" or "too big" where it is)". E.g. ZeRO
+    stages 0-3, or 1 worker against `NUM_WORKERS`. A label may name a parameter in braces, filled with its
+    full-scale value: `"{NUM_WORKERS} workers"`."""
     import pandas as pd
 
+    p = full_scale(namespace)
     columns = {}
     for label, changes in variants.items():
-        plan = plan_for(notebook, {**p, **changes}, title=label)
-        columns[label] = {f"{r.what} ({r.where})": _cell(r) for r in plan.rows}
+        title = label.format(**{k: v for k, v in p.items() if isinstance(k, str) and k.isupper()})
+        plan = plan_for(notebook, {**p, **changes}, title=title)
+        columns[title] = {f"{r.what} ({r.where})": _cell(r) for r in plan.rows}
     return pd.DataFrame(columns)
 
 
@@ -478,7 +483,7 @@ def check_parameters(notebook: str, namespace: dict):
 
 
 def check_cluster(notebook: str, namespace: dict) -> None:
-    """After `helpers.start_ray`: can this Ray cluster ever run the workers, can every node write the
+    """After `helpers.cluster.start_ray`: can this Ray cluster ever run the workers, can every node write the
     checkpoints, and (with the Set up cell's `plan` in `namespace`) does every node have the local disk
     for the files the plan puts there? For Llama, each node also fetches the weights now
     (`prefetch_model_on_nodes`)."""

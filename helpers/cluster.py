@@ -1,7 +1,7 @@
 """Starting Ray so a notebook never hangs, and failing fast on requests it can never meet.
 
 Used by the "Set up" cell of every notebook (`start_ray`; `check_resources` and `prefetch_model_on_nodes` through
-`helpers.check_cluster`).
+`helpers.checks.check_cluster`).
 
 Two traps this module exists for (both seen on a 2-core laptop; docs/cluster.md, "A local Ray that never hangs"):
 
@@ -605,7 +605,7 @@ def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[s
     `TorchConfig(timeout_s=1800)`). Downloading here, in parallel on each node and with no timeout
     running, leaves rank 0 only the read from the node's Hugging Face cache. A local folder is checked
     instead: every node must see it (a folder on the head node only is a mistake found here, not in
-    a worker). Used by `helpers.check_cluster` for the Llama notebook.
+    a worker). Used by `helpers.checks.check_cluster` for the Llama notebook.
     """
     import ray
 

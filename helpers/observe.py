@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from dataclasses import dataclass, field
 
 __all__ = ["Watch", "watch", "Observer", "lightning_observer", "trainer_observer"]
@@ -34,6 +35,8 @@ class Watch:
     mlflow_run_id: str | None
     kill_at_step: int = 0
     total_steps: int | None = None
+    print_every: int = 1
+    seconds: float = 0.0  # how long the run trained: the time inside `with watch:`
     _progress: object = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:  # to the workers: not the driver's printing thread
@@ -44,14 +47,24 @@ class Watch:
 
         self._progress = show_progress(self.run_log)
         self._progress.__enter__()
+        self._started = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         import ray
 
+        self.seconds = round(time.perf_counter() - self._started, 2)
         with contextlib.suppress(Exception):  # the metrics still on their way to MLflow: a bounded wait
             ray.get(self.run_log.flush_tracking.remote(10.0), timeout=20)
         self._progress.__exit__(*exc)
+
+    def resumed(self, total_steps: int) -> Watch:
+        """A watch for a run that continues this one from its checkpoint, up to `total_steps`: the same
+        MLflow run and progress lines, and no planned kill."""
+        from .failures import run_log
+
+        log = run_log(total_steps, self.print_every, 0, self.mlflow_run_id)
+        return Watch(log, self.mlflow_run_id, 0, total_steps, self.print_every)
 
     def _get(self, method: str):
         import ray
@@ -74,6 +87,22 @@ class Watch:
         """The planned kill and the resume that followed (`RunLog.kill_summary`); None without a kill."""
         return self._get("kill_summary")
 
+    def workers(self, plan=None):
+        """What each worker held, one row per rank (a `DataFrame`): its Ray node, its share of what the
+        framework shards, the megabytes of its weights, optimizer state and gradients, and with `plan`
+        (the Set up cell's) a last row of what the plan counted per rank."""
+        import pandas as pd
+
+        rows = {f"rank {rank}": _held(facts) for rank, facts in enumerate(self.ranks())}
+        if plan is not None:
+            planned = plan.as_dict()
+            rows["plan"] = {
+                f"{what} (MB)": planned[f"{key}_bytes_per_rank"] / 1e6
+                for key, what in _HELD.items()
+                if f"{key}_bytes_per_rank" in planned
+            }
+        return pd.DataFrame.from_dict(rows, orient="index").round(3).fillna("")
+
 
 def watch(
     notebook: str,
@@ -87,18 +116,39 @@ def watch(
     """In the driver, before `fit()`: the run's `Watch`.
 
     `namespace`, the notebook's `globals()`: the planned kill is its `KILL_WORKER_AT_STEP` unless
-    `kill_at_step` is given, and a progress line comes every `LOGGING_STEPS` steps where the notebook has
+    `kill_at_step` is given (checked: a step of the run, with a rank 1), and a progress line comes every `LOGGING_STEPS` steps where the notebook has
     that parameter (else `print_every`, else about six lines a run). A new MLflow run records the notebook's
     parameters, unless `mlflow_run_id` continues one (a resumed run)."""
-    from .failures import run_log
+    from .failures import check_kill_step, run_log
     from .tracking import start_run
 
     if print_every is None:
         print_every = namespace.get("LOGGING_STEPS") or max(1, total_steps // 6)
-    if kill_at_step is None:
+    if kill_at_step is None:  # the notebook's: a step of this run
         kill_at_step = int(namespace.get("KILL_WORKER_AT_STEP") or 0)
+        check_kill_step("KILL_WORKER_AT_STEP", kill_at_step, namespace["NUM_WORKERS"], total_steps)
     run_id = mlflow_run_id or start_run(notebook, namespace)
-    return Watch(run_log(total_steps, print_every, kill_at_step, run_id), run_id, kill_at_step, total_steps)
+    log = run_log(total_steps, print_every, kill_at_step, run_id)
+    return Watch(log, run_id, kill_at_step, total_steps, print_every)
+
+
+_SHARES = {  # what each framework's observer calls a rank's share of what it shards
+    "param_shard_fraction": "share of the parameters",
+    "shard_fraction": "share of the parameters",
+    "partition_fraction": "share of the partitioned state",
+}
+_HELD = {"param": "weights", "optimizer": "optimizer state", "grad": "gradients"}
+
+
+def _held(facts: dict) -> dict:
+    """One rank's row of `Watch.workers`."""
+    row = {"Ray node": str(facts.get("node_id", ""))[:8]}
+    row.update({shown: facts[key] for key, shown in _SHARES.items() if key in facts})
+    for key, what in _HELD.items():
+        value = (facts.get("state_bytes") or {}).get(f"{key}_bytes")
+        if value is not None:
+            row[f"{what} (MB)"] = value / 1e6
+    return row
 
 
 class _Watching:

@@ -1,6 +1,6 @@
 """Will it fit? A memory, disk and storage plan for a training run, before it spends any GPU time.
 
-Used by `helpers.check_parameters` in the "Set up" cell of the GPT-2, Dolly and Llama notebooks (which
+Used by `helpers.checks.check_parameters` in the "Set up" cell of the GPT-2, Dolly and Llama notebooks (which
 refuses a run that cannot fit before anything is downloaded), and by their sharding sections, which show
 the table next to the explanation (`helpers.checks.compare_plans`: ZeRO stages, or 1 worker against many,
 at full scale). From the model's architecture (its config; the parameters are counted on the `meta` device,
@@ -37,7 +37,7 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
   16-bit dtype, twice with `overlap_comm` (`stage_1_and_2.py`, `setup_buckets`). The GPT-2 notebook's
   config asks for 5e7 (200 MB in all); DeepSpeed's default, 5e8, would hold 2 GB whatever the model.
 - A CUDA context (1 GiB), NCCL's buffers (0.5 GiB), and 2 % of the rest for the caching allocator's
-  fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.start_ray`
+  fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.cluster.start_ray`
   sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
   79.2 GiB on an "80 GB" A100 or H100.
 

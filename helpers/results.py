@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["REQUIRED_KEYS", "Stopwatch", "write_results"]
+__all__ = ["REQUIRED_KEYS", "Stopwatch", "start_clock", "elapsed", "write_results"]
 
 REQUIRED_KEYS = ("notebook", "smoke_test", "wall_seconds", "losses", "checkpoint_path", "mlflow_run_id")
 
@@ -24,6 +24,19 @@ class Stopwatch:
 
     def seconds(self) -> float:
         return round(time.perf_counter() - self.start, 2)
+
+
+_CLOCK: list[Stopwatch] = []  # the run's, started by the Set up cell (`helpers.set_up`)
+
+
+def start_clock() -> None:
+    """Start the run's wall clock (the Set up cell does)."""
+    _CLOCK[:] = [Stopwatch()]
+
+
+def elapsed() -> float:
+    """Seconds since the Set up cell started the run's clock (0.0 before it did)."""
+    return _CLOCK[0].seconds() if _CLOCK else 0.0
 
 
 def _is_folder(path: str) -> bool:
@@ -40,7 +53,8 @@ def _is_folder(path: str) -> bool:
 def write_results(path: str, **results) -> dict | None:
     """Write `results` as JSON to `path` (nothing when `path` is empty); return what was written.
 
-    Checks the keys every notebook promises (`REQUIRED_KEYS`), that the losses are finite
+    `wall_seconds`, unless given: the seconds since the Set up cell (`elapsed()`). Checks the keys every
+    notebook promises (`REQUIRED_KEYS`), that the losses are finite
     numbers and that `checkpoint_path` (a folder, or a URI such as `s3://bucket/...`) exists, so a
     broken run cannot write a results file that looks fine.
 
@@ -50,6 +64,7 @@ def write_results(path: str, **results) -> dict | None:
     The file is written first: a tracking server that does not answer (within about 20 s) costs the run
     its summary in MLflow, with one line saying so, never its results.
     """
+    results.setdefault("wall_seconds", elapsed())
     written = _write(path, results) if path else None
     if results.get("mlflow_run_id"):
         from .tracking import _bounded, _shown, finish_run, tracking_uri

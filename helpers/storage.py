@@ -1,6 +1,6 @@
 """`STORAGE_PATH`: a local or NFS folder, or a bucket, checked before any GPU time is spent.
 
-Used by `helpers.check_parameters` and `helpers.check_cluster` (the "Set up" cell of every notebook),
+Used by `helpers.checks.check_parameters` and `helpers.checks.check_cluster` (the "Set up" cell of every notebook),
 and by their result cells (`uri`), so that the same code reads checkpoints from a folder or a bucket;
 `checkpoint_folder` by the training functions of the GPT-2 and GLUE notebooks when they resume, and
 `stored_folder` by Dolly's, which reads its shards where they are stored.
@@ -516,7 +516,7 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
     reading: on the project's two-node cluster (two Ray nodes on one machine, as two ranks on one
     8-GPU node) a resuming rank read an empty `trainer_state.json`.
 
-    `files`, a filter of paths relative to the checkpoint (e.g. `helpers.zero_rank_files(rank)`):
+    `files`, a filter of paths relative to the checkpoint (e.g. `helpers.zero_checkpoint.zero_rank_files(rank)`):
     copy only those, for a process that reads only part of a sharded checkpoint. The folder is a `str`
     that also says what it cost (`_FetchedFolder`): `bytes_fetched`, the size of the files chosen (copied;
     on a local or NFS filesystem, read where they are), and `checkpoint_bytes`, the whole checkpoint's.

@@ -94,7 +94,7 @@ def _bounded():
 
 
 def _default_uri() -> str:
-    """The embedded store: `sqlite:///<cache>/mlflow/mlflow.db` (`helpers.cache_dir`)."""
+    """The embedded store: `sqlite:///<cache>/mlflow/mlflow.db` (`helpers.cache.cache_dir`)."""
     from .cache import cache_dir
 
     folder = cache_dir() / "mlflow"

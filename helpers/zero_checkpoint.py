@@ -14,13 +14,19 @@ different number of ranks wrote (`_load_zero_checkpoint` raises `ZeRORuntimeExce
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .validate import ParameterError
 
-__all__ = ["zero_rank_files", "zero_checkpoint_world_size", "check_zero_checkpoint_workers"]
+__all__ = [
+    "zero_checkpoint_folder",
+    "zero_rank_files",
+    "zero_checkpoint_world_size",
+    "check_zero_checkpoint_workers",
+]
 
 # One rank's shard: its optimizer-state partition, or (ZeRO-3) its weight partition.
 _SHARD = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt$")
@@ -102,3 +108,17 @@ def check_zero_checkpoint_workers(checkpoint, num_workers: int, name: str = "NUM
         "--output_folder DIR/global_stepN_universal) and load that with "
         '"checkpoint": {"load_universal": True} in the DeepSpeed config.'
     )
+
+
+@contextlib.contextmanager
+def zero_checkpoint_folder(checkpoint, rank: int, world_size: int) -> Iterator[str]:
+    """A local folder with what rank `rank` of `world_size` reads of a DeepSpeed checkpoint (a Ray
+    `Checkpoint`): its own shard and the files every rank reads, not the other ranks' shards
+    (`zero_rank_files`), after checking that as many workers saved it (`check_zero_checkpoint_workers`).
+    Where the checkpoint is in a bucket, the copy is this process's own, deleted at the end of the block
+    (`helpers.storage.checkpoint_folder`)."""
+    from .storage import checkpoint_folder
+
+    check_zero_checkpoint_workers(checkpoint, world_size)
+    with checkpoint_folder(checkpoint, files=zero_rank_files(rank)) as folder:
+        yield folder

@@ -1,5 +1,5 @@
 """Run a notebook's first cells for many parameter sets in one interpreter: the parameters cell, the values
-papermill would inject after it, and the Set up cell up to the point where it starts Ray.
+papermill would inject after it, and the Set up cell (`helpers.set_up`) up to the point where it starts Ray.
 
 Used by tests/test_bad_input.py for the refusals that happen in `helpers.check_parameters` (or before it): a
 kernel per case costs an interpreter start and the imports (2-20 s each on 2 cores), this costs one. A few
@@ -22,17 +22,25 @@ import time
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-STARTS_RAY = "helpers.start_ray("
+SETS_UP = "helpers.set_up("
+
+
+class _RayWouldStart(Exception):
+    """Raised in place of `helpers.cluster.start_ray`: the Set up cell went past its checks."""
+
+
+def _stop_before_ray(*args, **kwargs):
+    raise _RayWouldStart
 
 
 def first_cells(notebook: str) -> tuple[str, str]:
-    """The parameters cell's source, and the Set up cell's (the next code cell) up to where Ray starts."""
+    """The parameters cell's source, and the Set up cell's (the next code cell)."""
     cells = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
     code = [c for c in cells if c["cell_type"] == "code"]
     first = next(i for i, c in enumerate(code) if "parameters" in c.get("metadata", {}).get("tags", []))
     parameters, set_up = ("".join(c["source"]) for c in code[first : first + 2])
-    assert STARTS_RAY in set_up, f"{notebook}: the cell after the parameters no longer starts Ray"
-    return parameters, set_up[: set_up.index(STARTS_RAY)]
+    assert SETS_UP in set_up, f"{notebook}: the cell after the parameters no longer calls helpers.set_up"
+    return parameters, set_up
 
 
 def run_case(notebook: str, parameters: dict) -> dict:
@@ -45,6 +53,8 @@ def run_case(notebook: str, parameters: dict) -> dict:
         with contextlib.redirect_stdout(io.StringIO()):
             for source in (parameters_cell, injected, set_up):
                 exec(compile(source, notebook, "exec"), namespace)  # noqa: S102 - the notebook's own cells
+        raise AssertionError(f"{notebook}: the Set up cell ended without starting Ray")
+    except _RayWouldStart:
         ename, evalue = None, ""
     except Exception as exc:  # noqa: BLE001 - reported, as the kernel would
         ename, evalue = type(exc).__name__, str(exc)
@@ -55,6 +65,9 @@ def run_case(notebook: str, parameters: dict) -> dict:
 
 
 def main(cases_json: str, results_json: str) -> None:
+    import helpers.cluster
+
+    helpers.cluster.start_ray = _stop_before_ray  # what helpers.set_up calls once the checks have passed
     cases = json.loads(Path(cases_json).read_text())
     results = {f"{c['notebook']}/{c['case']}": run_case(c["notebook"], c["parameters"]) for c in cases}
     Path(results_json).write_text(json.dumps(results, indent=1))

@@ -12,7 +12,7 @@ import helpers
 
 
 def _tiny_gpt2():
-    return helpers.tiny_model("gpt2")
+    return helpers.tiny_models.tiny_model("gpt2")
 
 
 def _batch_size_cases(a_parameter: str) -> dict:
@@ -109,7 +109,7 @@ CASES = {
             "CLUSTER": {"g5.12xlarge": 4},  # the plan passes; the Ray cluster here has no GPU
             "MODEL_NAME": _tiny_gpt2,
             "MAX_SEQ_LEN": 64,
-            "DATASET_NAME": helpers.ag_news_fixture,
+            "DATASET_NAME": helpers.fixtures.ag_news_fixture,
         },
         "ResourceRequestError",
         ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "SMOKE_TEST"],
@@ -134,7 +134,7 @@ GLUE_CASES = {
         ["MODEL_NAME='no-such-org/no-such-bert'", "offline"],
     ),
     "hub_data_offline": (
-        {"MODEL_NAME": lambda: helpers.tiny_model("distilbert"), "USE_GPU": False},
+        {"MODEL_NAME": lambda: helpers.tiny_models.tiny_model("distilbert"), "USE_GPU": False},
         "ParameterError",
         ["GLUE_PATH='hf://datasets/nyu-mll/glue'", "offline"],
     ),
@@ -142,7 +142,7 @@ GLUE_CASES = {
 
 
 def _tiny_neox():
-    return helpers.tiny_model("gpt_neox")
+    return helpers.tiny_models.tiny_model("gpt_neox")
 
 
 # Explicit CPU settings, so that each case fails on the one parameter it names.
@@ -359,7 +359,7 @@ def test_dolly_rejects(case, rejections):
 
 
 def _tiny_llama():
-    return helpers.tiny_model("llama")
+    return helpers.tiny_models.tiny_model("llama")
 
 
 _LLAMA_CPU = {"MODEL_NAME": _tiny_llama, "USE_GPU": False, "USE_FLASH_ATTN": False}
@@ -488,5 +488,5 @@ def test_a_tracking_server_that_cannot_be_reached_fails_in_the_first_cells(rejec
     assert f"MLFLOW_TRACKING_URI='{closed}': no tracking server answers there" in error.evalue, error.evalue
     executed = nbformat.read(ARTIFACTS / "notebooks" / "glue_text_classification-bad-tracking_uri.ipynb", 4)
     failed = [c for c in executed.cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
-    assert len(failed) == 1 and "helpers.check_parameters(" in failed[0].source  # the Set up cell
+    assert len(failed) == 1 and "helpers.set_up(" in failed[0].source  # the Set up cell
     assert wall < REJECTED_WITHIN_S

@@ -70,7 +70,7 @@ def test_workers_get_the_shipped_helpers_and_the_drivers_hub_settings(ray_cluste
     code = """
 import json, ray, helpers
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-helpers.start_ray()
+helpers.cluster.start_ray()
 
 @ray.remote(num_cpus=0)
 def probe():

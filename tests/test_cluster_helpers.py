@@ -1,4 +1,4 @@
-"""helpers.smoke_overrides, helpers.failures.RunLog and the storage checks, without a cluster."""
+"""helpers.smoke.smoke_overrides, helpers.failures.RunLog and the storage checks, without a cluster."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_smoke_mode_replaces_defaults_and_keeps_what_was_passed(capsys):
         "USE_GPU": (True, False),
         "LEARNING_RATE": (1.0, 3e-3),  # 1 == 1.0 but an int was passed: kept, never silently re-typed
     }
-    assert helpers.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2, "USE_GPU": False}
+    assert helpers.smoke.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2, "USE_GPU": False}
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["NUM_WORKERS"] == ["16", "2"]  # parameter, full scale, smoke run
     assert rows["STORAGE_PATH"] == ["'/mnt/cluster_storage/'", "'s3://my-bucket/runs'", "(yours,", "kept)"]
@@ -35,7 +35,7 @@ def test_smoke_mode_keeps_a_default_value_that_papermill_passed(monkeypatch):
     monkeypatch.setattr(helpers.smoke, "papermill_parameters", lambda: {"KILL_WORKER_AT_STEP"})
     namespace = {"KILL_WORKER_AT_STEP": 0, "NUM_WORKERS": 16}
     table = {"KILL_WORKER_AT_STEP": (0, 40), "NUM_WORKERS": (16, 2)}
-    assert helpers.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2}
+    assert helpers.smoke.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2}
 
 
 PARAMETERS_CELL = (

@@ -22,7 +22,7 @@ import helpers.storage
 NAME = "dolly_lightning_fsdp"
 # The pinned first losses (how measured, tolerance): tests/assets/losses/dolly_lightning_fsdp.txt
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
-# The play-script fixture's training lines (helpers.play_script_fixture(), after the notebook's split_text).
+# The play-script fixture's training lines (helpers.fixtures.play_script_fixture(), after the notebook's split_text).
 FIXTURE_LINES = 610
 # Steps 40-59 run twice and repeat their losses bit for bit (measured: 0.0, once the CPU strategy gathers the
 # optimizer state without offload; with Lightning's offloaded gather they drifted by up to 0.045).

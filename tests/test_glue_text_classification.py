@@ -22,7 +22,7 @@ from notebook_runs import (
 
 NAME = "glue_text_classification"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
-FIXTURE_TRAIN_ROWS = 512  # each task's training rows in helpers.glue_fixture()
+FIXTURE_TRAIN_ROWS = 512  # each task's training rows in helpers.fixtures.glue_fixture()
 FIXTURE_VALIDATION_ROWS = 127  # each validation split's rows there: a prime, so no worker count divides it
 
 

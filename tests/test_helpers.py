@@ -27,8 +27,8 @@ SAMPLES = {
 def test_tiny_model_loads_like_a_hub_id(arch):
     from transformers import AutoConfig, AutoTokenizer
 
-    path = helpers.tiny_model(arch)
-    assert helpers.tiny_model(arch) == path  # cached, built once
+    path = helpers.tiny_models.tiny_model(arch)
+    assert helpers.tiny_models.tiny_model(arch) == path  # cached, built once
     config = AutoConfig.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert config.vocab_size == len(tokenizer)
@@ -42,7 +42,7 @@ def test_tiny_model_loads_like_a_hub_id(arch):
 def test_causal_tokenizers_round_trip_without_unknowns(arch):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_model(arch))
+    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_models.tiny_model(arch))
     ids = tokenizer(SAMPLES[arch])["input_ids"]
     assert tokenizer.unk_token_id not in ids or tokenizer.unk_token == tokenizer.eos_token
     assert tokenizer.decode(ids) == SAMPLES[arch]
@@ -53,7 +53,7 @@ def test_distilbert_tokenizer_adds_cls_sep_and_knows_the_words():
     # The trap in ../shared/FINDINGS.md: a reloaded vocabulary that maps every word to [UNK].
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_model("distilbert"))
+    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_models.tiny_model("distilbert"))
     tokens = tokenizer.convert_ids_to_tokens(tokenizer(SAMPLES["distilbert"])["input_ids"])
     assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
     assert "[UNK]" not in tokens
@@ -66,7 +66,7 @@ def test_tiny_gpt2_is_a_real_gpt2_and_starts_near_uniform():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = helpers.tiny_model("gpt2")
+    path = helpers.tiny_models.tiny_model("gpt2")
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert type(model).__name__ == "GPT2LMHeadModel"
@@ -82,7 +82,7 @@ def test_tiny_gpt2_is_a_real_gpt2_and_starts_near_uniform():
 def test_ag_news_fixture_has_real_columns_and_labels():
     from datasets import load_dataset
 
-    ds = load_dataset(helpers.ag_news_fixture())
+    ds = load_dataset(helpers.fixtures.ag_news_fixture())
     assert set(ds) == {"train", "test"}
     assert ds["train"].column_names == ["text", "label"]
     assert ds["train"].features["label"].names == ["World", "Sports", "Business", "Sci/Tech"]
@@ -93,11 +93,11 @@ def test_ag_news_fixture_has_real_columns_and_labels():
 def test_play_script_and_chat_fixtures():
     from datasets import load_dataset
 
-    play = load_dataset(helpers.play_script_fixture())
+    play = load_dataset(helpers.fixtures.play_script_fixture())
     assert set(play) == {"train", "validation", "test"} and play["train"].num_rows == 1
     text = play["train"][0]["text"]
     assert text.splitlines()[0].endswith(":") and "\n\n" in text
-    chat = load_dataset(helpers.chat_fixture())
+    chat = load_dataset(helpers.fixtures.chat_fixture())
     row = chat["train"][0]["content"]
     assert row.startswith("<|system|>") and "<|prompter|>" in row and "<|assistant|>" in row
 
@@ -129,7 +129,9 @@ def test_play_script_and_chat_fixtures():
             ["LEARNING_RATE=nan", "finite"],
         ),
         (
-            lambda: helpers.validate.check_max_positions("MAX_SEQ_LEN", 129, helpers.tiny_model("gpt2")),
+            lambda: helpers.validate.check_max_positions(
+                "MAX_SEQ_LEN", 129, helpers.tiny_models.tiny_model("gpt2")
+            ),
             ["MAX_SEQ_LEN=129", "<= 128"],
         ),
         (
@@ -147,8 +149,13 @@ def test_checks_name_the_parameter(call, words):
 
 def test_checks_accept_good_values():
     assert helpers.validate.check_int("NUM_WORKERS", 2, minimum=1) == 2
-    assert helpers.validate.check_max_positions("MAX_SEQ_LEN", 128, helpers.tiny_model("gpt2")) == 128
-    assert helpers.validate.check_source_available("DATASET_NAME", helpers.ag_news_fixture(), "dataset")
+    assert (
+        helpers.validate.check_max_positions("MAX_SEQ_LEN", 128, helpers.tiny_models.tiny_model("gpt2"))
+        == 128
+    )
+    assert helpers.validate.check_source_available(
+        "DATASET_NAME", helpers.fixtures.ag_news_fixture(), "dataset"
+    )
 
 
 # ---- resources: fail fast instead of waiting forever ----------------------------------------
@@ -197,7 +204,7 @@ def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsy
         "MODEL_NAME": "meta-llama/x",
     }
     with pytest.warns(UserWarning, match="autoscaler"):
-        helpers.check_cluster("llama_fsdp", namespace)
+        helpers.checks.check_cluster("llama_fsdp", namespace)
     assert "rank 0 will download them itself" in capsys.readouterr().out
 
 

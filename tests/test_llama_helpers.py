@@ -11,16 +11,17 @@ import pytest
 import torch
 
 import helpers
+import helpers.flops
 
 
 def test_mfu_reproduces_the_posts_arithmetic():
     # The post: 70e9 parameters, 500 steps of 16 GPUs x 2048 tokens, 13.5 h, A100s at 312 TFLOP/s dense bf16.
     tokens = 2048 * 16 * 500
     seconds = 13.5 * 3600
-    per_gpu = helpers.model_flops_utilization(70e9, tokens, seconds, 16, 312e12)
+    per_gpu = helpers.flops.model_flops_utilization(70e9, tokens, seconds, 16, 312e12)
     assert per_gpu == pytest.approx(6 * 70e9 * tokens / seconds / (16 * 312e12))
     assert per_gpu == pytest.approx(0.02836, abs=1e-4)
-    assert helpers.model_flops_utilization(70e9, tokens, seconds, 16, None) is None
+    assert helpers.flops.model_flops_utilization(70e9, tokens, seconds, 16, None) is None
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,32 @@ def test_first_code_cell_is_the_parameters_cell(path):
         line = next(ln for ln in lines if ln.startswith(f"{name} ="))
         assert "#" in line, f"{name} needs a comment on its trade-off"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
-    assert any("if SMOKE_TEST:" in c.source for c in code), "smoke mode is one visible cell"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_set_up_is_one_call_and_smoke_mode_replaces_the_defaults(path, monkeypatch):
+    # The Set up cell is one call; smoke mode's table (helpers/smoke_settings.py) names parameters of this
+    # notebook with the very defaults of its parameters cell: a default changed in one place alone would
+    # leave smoke mode silently running the full-scale value.
+    import helpers.smoke_settings as settings
+
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    calls = [ln for ln in code[1].source.splitlines() if ln and not ln.startswith(("import ", "#"))]
+    assert len(calls) == 1 and f'helpers.set_up("{path.stem}", globals())' in calls[0], calls
+    defaults: dict = {"os": __import__("os")}
+    monkeypatch.delenv("STORAGE_PATH", raising=False)
+    exec(compile(code[0].source, path.name, "exec"), defaults)  # noqa: S102 - the parameters cell
+    built = {}  # the tiny models and fixtures are not built here: only the table's shape is checked
+    monkeypatch.setattr("helpers.tiny_models.tiny_model", lambda *a, **k: built.setdefault("model", "m"))
+    for fixture in ("ag_news_fixture", "chat_fixture", "glue_fixture", "play_script_fixture"):
+        monkeypatch.setattr(f"helpers.fixtures.{fixture}", lambda: "fixture")
+    table = settings.smoke_table(path.stem, defaults)
+    for name, (full_scale, _) in table.items():
+        assert name in defaults, f"smoke mode sets {name}, which {path.stem} has no parameter for"
+        assert defaults[name] == full_scale, (
+            f"{name}: parameters cell {defaults[name]!r}, smoke table {full_scale!r}"
+        )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

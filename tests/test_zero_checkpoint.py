@@ -70,11 +70,11 @@ def test_another_world_size_is_refused_naming_num_workers(saved):
     folder, before = saved
     assert zero_checkpoint_world_size(folder / "checkpoint") == 2
     with pytest.raises(helpers.ParameterError) as refused:
-        helpers.check_zero_checkpoint_workers(folder, 1)
+        helpers.zero_checkpoint.check_zero_checkpoint_workers(folder, 1)
     message = str(refused.value)
     assert "NUM_WORKERS=1" in message and "saved by 2 workers" in message and "NUM_WORKERS=2" in message
     assert "ds_to_universal" in message and "load_universal" in message
-    assert helpers.check_zero_checkpoint_workers(folder, 2) == 2
+    assert helpers.zero_checkpoint.check_zero_checkpoint_workers(folder, 2) == 2
     # The conversion the message offers: DeepSpeed's universal checkpoint, next to the original.
     tag = (folder / "checkpoint" / "latest").read_text().strip()
     subprocess.run(
@@ -101,7 +101,7 @@ def test_another_world_size_is_refused_naming_num_workers(saved):
 
 
 def test_zero_rank_files_keeps_the_shared_files_and_this_ranks_shards():
-    wanted = helpers.zero_rank_files(1)
+    wanted = helpers.zero_checkpoint.zero_rank_files(1)
     assert wanted("checkpoint/latest") and wanted("checkpoint/epoch.txt")
     assert wanted("checkpoint/global_step12/mp_rank_00_model_states.pt")  # ZeRO 0-2: every rank reads it
     assert wanted("checkpoint/global_step12/zero_pp_rank_1_mp_rank_00_model_states.pt")
@@ -123,7 +123,7 @@ def test_several_tags_count_the_one_latest_names(tmp_path):
     stage0 = tmp_path / "stage0" / "global_step3"
     stage0.mkdir(parents=True)
     (stage0 / "mp_rank_00_model_states.pt").write_bytes(b"x")
-    assert helpers.check_zero_checkpoint_workers(stage0.parent, 7) is None
+    assert helpers.zero_checkpoint.check_zero_checkpoint_workers(stage0.parent, 7) is None
 
 
 def test_run_log_keeps_what_each_resuming_rank_fetched():

@@ -25,7 +25,7 @@ def zero_rank(rank: int, world_size: int, port: int, settings: list, results) ->
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
     for stage, offload in settings:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(helpers.tiny_model("gpt2"))
+        model = AutoModelForCausalLM.from_pretrained(helpers.tiny_models.tiny_model("gpt2"))
         config = {
             "train_micro_batch_size_per_gpu": 2,
             "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True},
@@ -86,7 +86,7 @@ def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder:
 
     def engine(**extra):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(helpers.tiny_model("gpt2"))
+        model = AutoModelForCausalLM.from_pretrained(helpers.tiny_models.tiny_model("gpt2"))
         config = {
             "train_micro_batch_size_per_gpu": 2,
             "zero_optimization": {"stage": 3},
@@ -116,10 +116,12 @@ def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder:
         ckpt = ray.train.Checkpoint(name, filesystem=pafs.SubTreeFileSystem(parent, pafs.LocalFileSystem()))
         ds_engine = engine()
         try:
-            saw["world_size"] = helpers.check_zero_checkpoint_workers(ckpt, world_size)
+            saw["world_size"] = helpers.zero_checkpoint.check_zero_checkpoint_workers(ckpt, world_size)
         except helpers.ParameterError as exc:
             saw["refused"] = str(exc)
-        with helpers.storage.checkpoint_folder(ckpt, files=helpers.zero_rank_files(rank)) as local:
+        with helpers.storage.checkpoint_folder(
+            ckpt, files=helpers.zero_checkpoint.zero_rank_files(rank)
+        ) as local:
             saw["bytes_fetched"], saw["checkpoint_bytes"] = local.bytes_fetched, local.checkpoint_bytes
             saw["files"] = sorted(
                 os.path.relpath(os.path.join(d, f), local) for d, _, fs in os.walk(local) for f in fs

@@ -41,7 +41,7 @@ def build_model(folder: Path, sizes: dict) -> int:
     import helpers
 
     transformers.utils.logging.disable_progress_bar()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(helpers.tiny_model("distilbert"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(helpers.tiny_models.tiny_model("distilbert"))
     config = transformers.DistilBertConfig(pad_token_id=tokenizer.pad_token_id, **sizes)
     torch.manual_seed(0)  # a masked-LM checkpoint, like the Hub's: the notebook adds a fresh 2-label head
     model = transformers.DistilBertForMaskedLM(config)
@@ -136,7 +136,7 @@ def main() -> None:
 
     num_params = build_model(work / "model", SMOKE if args.smoke else {})
     p = {**parameter_defaults(NOTEBOOK), "USE_GPU": cuda, "MODEL_NAME": str(work / "model")}
-    p.update(GLUE_PATH=helpers.glue_fixture(), glue_task=helpers.GLUE_TASKS[p["TASK"]])
+    p.update(GLUE_PATH=helpers.fixtures.glue_fixture(), glue_task=helpers.GLUE_TASKS[p["TASK"]])
     lesson = lesson_namespace(NOTEBOOK, p)  # make_training_args, make_compute_metrics, train_func
     lesson_cells(lesson, NOTEBOOK, ("read_split", "TokenizeCollateFn"), skip=("ray_datasets",))
     lesson.update(AutoTokenizer=transformers.AutoTokenizer, os=os)  # train_func has them from other cells

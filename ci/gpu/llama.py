@@ -165,7 +165,7 @@ def train(config: dict) -> dict:
         "steady_step_seconds": step_s,
         "tokens_per_second": tokens_per_step / step_s,
         "peak_flops_per_gpu": peak_flops,
-        "mfu": helpers.model_flops_utilization(num_params, tokens_per_step, step_s, 1, peak_flops),
+        "mfu": helpers.flops.model_flops_utilization(num_params, tokens_per_step, step_s, 1, peak_flops),
         "flops_per_token_6n": 6 * num_params,
         "flops_per_token_counted": counted / (config["batch_size_per_worker"] * config["seq_len"])
         if isinstance(counted, int)

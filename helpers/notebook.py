@@ -1,0 +1,32 @@
+"""The Set up cell: one call between a notebook's parameters and its lesson.
+
+`set_up(notebook, globals())` starts the run's clock, applies smoke mode (`helpers.smoke_settings`), checks
+the parameters and plans the run (`helpers.checks.check_parameters`), starts Ray or joins the cluster in
+`RAY_ADDRESS` (`helpers.cluster.start_ray`), and checks that the cluster can hold the run (`helpers.checks.check_cluster`).
+"""
+
+from __future__ import annotations
+
+from . import checks, cluster, results, smoke, smoke_settings
+
+__all__ = ["set_up"]
+
+
+def set_up(notebook: str, namespace: dict):
+    """Set up `notebook`'s run from its globals (`namespace`, updated in place); return its "will it fit?"
+    plan (None for a notebook without one).
+
+    1. With `SMOKE_TEST`: the laptop-sized model, fixtures and run of `helpers.smoke_settings`, for every
+       parameter still at its full-scale default; a value you passed or edited stays. Prints what changed.
+    2. `helpers.checks.check_parameters`: a misspelt name, a bad value, unwritable storage, a model or data out of
+       reach, or a run that will not fit fails here, naming the parameter and what is allowed.
+    3. `helpers.cluster.start_ray`: a local Ray, or the cluster in `RAY_ADDRESS`; the workers' output goes to a log.
+    4. `helpers.checks.check_cluster`: room for the workers, storage every node can write, the weights on every node.
+    """
+    results.start_clock()
+    if namespace.get("SMOKE_TEST"):
+        namespace.update(smoke.smoke_overrides(namespace, smoke_settings.smoke_table(notebook, namespace)))
+    plan = checks.check_parameters(notebook, namespace)
+    cluster.start_ray(notebook)
+    checks.check_cluster(notebook, namespace)
+    return plan
