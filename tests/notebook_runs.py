@@ -120,10 +120,18 @@ class NodeLoss:
 
     A thread watches the bucket for the run's folder (the first new one whose name starts with `run_prefix`)
     and its `checkpoint_*/trainer_state.json` (written by rank 0 after every shard). `events` records what
-    it did, with the checkpoint step it followed. With `stall_at_checkpoint`, once the node is back, the
-    bucket then stalls for `stall_s` in the middle of that checkpoint's write (`make cluster-pause-storage`),
-    as soon as one of its shard files is being uploaded. If the run ends before the node came back, a node is
-    added on exit, so that the next tests have two nodes.
+    it did, with the checkpoint step it followed.
+
+    Ray Train notices the new node late: its autoscaling coordinator refreshes the cluster's resources every
+    20 s (`TICK_INTERVAL_S` in ray.data's `default_autoscaling_coordinator.py`), and the resize monitor looks
+    every `RESIZE_CHECK_S` after that. A lone worker with fewer steps than that left would finish alone. So
+    once the node is back, the bucket holds the lone worker's next checkpoint write (the S3 server paused,
+    `make cluster-pause-storage`'s way) until the resize has stopped the worker, at most `hold_s`: the resize
+    always comes, and that checkpoint is never registered.
+
+    With `stall_at_checkpoint`, the bucket then stalls for `stall_s` in the middle of that checkpoint's write
+    (as soon as one of its shard files is being uploaded). If the run ends before the node came back, a node
+    is added on exit, so that the next tests have two nodes.
     """
 
     def __init__(
@@ -133,9 +141,10 @@ class NodeLoss:
         registered_after_s: float = 3.0,
         stall_at_checkpoint: int | None = None,
         stall_s: float = 25.0,
+        hold_s: float = 50.0,
     ):
         self.cluster, self.run_prefix, self.registered_after_s = cluster, run_prefix, registered_after_s
-        self.stall_at_checkpoint, self.stall_s = stall_at_checkpoint, stall_s
+        self.stall_at_checkpoint, self.stall_s, self.hold_s = stall_at_checkpoint, stall_s, hold_s
         self.events: list[tuple[str, int, float]] = []  # (what, after the checkpoint of this step, seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="node-loss", daemon=True)
@@ -166,7 +175,7 @@ class NodeLoss:
             fs, root = filesystem(self.cluster["STORAGE_PATH"], self.cluster)
             known = {i.path for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))}
             start = time.monotonic()
-            killed_after = None
+            killed_after = added_after = None
             while not self._stop.wait(0.5):
                 steps = self._checkpoints(fs, root, known)
                 if killed_after is None and steps:
@@ -176,23 +185,70 @@ class NodeLoss:
                     self.events.append(("node killed", killed_after, time.monotonic() - start))
                 elif killed_after is not None and steps and steps[-1] > killed_after:
                     cluster.add_node(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
-                    self.events.append(("node added", steps[-1], time.monotonic() - start))
+                    added_after = steps[-1]
+                    self.events.append(("node added", added_after, time.monotonic() - start))
                     break
-            if self.stall_at_checkpoint is None:
+            if added_after is None:
                 return
             uploads = self._s3_client()
-            bucket, _, prefix = self.cluster["STORAGE_PATH"].removeprefix("s3://").partition("/")
-            folder = f"checkpoint_{self.stall_at_checkpoint:06d}/"
-            while not self._stop.wait(0.2):
-                listed = uploads.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
-                if any(folder in u["Key"] and u["Key"].endswith(".distcp") for u in listed):
+            held = self._when_uploading(uploads, lambda step: step > added_after)
+            if held is not None:
+                seconds = self._hold_until_resized(cluster)
+                self.events.append(("storage held until the resize", held, seconds))
+            if self.stall_at_checkpoint is not None:
+                if self._when_uploading(uploads, lambda step: step == self.stall_at_checkpoint) is not None:
                     cluster.pause_storage(CLUSTER_DIR, self.stall_s)
                     self.events.append(
                         ("storage stalled", self.stall_at_checkpoint, time.monotonic() - start)
                     )
-                    return
         except BaseException as exc:  # noqa: BLE001 - reported by __exit__
             self.error = exc
+
+    def _when_uploading(self, uploads, wanted) -> int | None:
+        """Wait until a shard of a checkpoint whose step `wanted` accepts is being uploaded; return its step
+        (None: the run ended first)."""
+        bucket, _, prefix = self.cluster["STORAGE_PATH"].removeprefix("s3://").partition("/")
+        while not self._stop.wait(0.2):
+            for upload in uploads.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", []):
+                folder = upload["Key"].split("/")[-2]
+                if upload["Key"].endswith(".distcp") and folder.startswith("checkpoint_"):
+                    step = int(folder.removeprefix("checkpoint_"))
+                    if wanted(step):
+                        return step
+        return None
+
+    def _hold_until_resized(self, cluster) -> float:
+        """Pause the bucket while the lone training worker writes; resume it once that worker process is
+        gone (the resize stopped it) or after `hold_s`. Returns the seconds held."""
+        import psutil
+
+        records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
+        s3 = psutil.Process(next(r["pid"] for r in records if r["name"] == "s3"))
+        nodes = [
+            psutil.Process(r["pid"]) for r in records if r["name"].startswith("ray-") and cluster._running(r)
+        ]
+
+        def train_workers() -> set[int]:
+            found = set()
+            for node in nodes:
+                for p in node.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        if "RayTrainWorker" in " ".join(p.cmdline()):
+                            found.add(p.pid)
+            return found
+
+        lone = train_workers()
+        assert len(lone) == 1, f"expected the lone worker among the cluster's processes, found {sorted(lone)}"
+        start = time.monotonic()
+        s3.suspend()
+        try:
+            while time.monotonic() - start < self.hold_s and not self._stop.is_set():
+                if not any(psutil.pid_exists(pid) for pid in lone):
+                    break
+                time.sleep(0.5)
+        finally:
+            s3.resume()
+        return time.monotonic() - start
 
     @staticmethod
     def _kill_node(cluster) -> None:

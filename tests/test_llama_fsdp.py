@@ -51,7 +51,9 @@ ELASTIC_BUDGET_S = 600
 
 @pytest.fixture(scope="module")
 def smoke_run(ray_cluster):
-    # ... and, once back on two workers, the bucket stalls for 10 s in the middle of the last checkpoint's write.
+    # Once the node is back, the bucket holds the lone worker's next checkpoint write until the resize stops
+    # it (Ray Train sees a new node up to 25 s late); and, back on two workers, it stalls for 10 s in the
+    # middle of the last checkpoint's write.
     with NodeLoss(ray_cluster, run_prefix="llama-2-fsdp_", stall_at_checkpoint=24, stall_s=10) as chaos:
         results, wall, error = execute(
             NAME, ELASTIC, "elastic", cluster=ray_cluster, budget_s=ELASTIC_BUDGET_S, env=START_TIMEOUT
@@ -98,8 +100,10 @@ def test_loses_a_node_goes_on_with_one_worker_and_grows_back(smoke_run, ray_clus
     results, _ = smoke_run
     params, attempts = results["parameters"], results["attempts"]
     every, max_steps = params["SAVE_STEPS"], params["MAX_STEPS"]
-    (killed, killed_after, _), (added, _, _), (stalled, _, _) = results["node_events"]
+    (killed, killed_after, _), (added, _, _), (held, _, held_s), (stalled, _, _) = results["node_events"]
     assert (killed, added, stalled) == ("node killed", "node added", "storage stalled")
+    # The resize came while the bucket held the lone worker's write, before the hold's 50 s ran out.
+    assert held == "storage held until the resize" and held_s < 50, results["node_events"]
     # Two workers, one on each node; one on the head node after the loss; two again once a node is back.
     # The bucket's stall during the last checkpoint cost no attempt: the write waited it out.
     assert [a["world_size"] for a in attempts] == [2, 1, 2]
