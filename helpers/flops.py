@@ -3,8 +3,9 @@
 MFU = 6 * parameters * tokens per second / (devices * dense peak FLOP/s per device). The 6 counts a
 multiply and an add for each parameter and token in the forward pass (2) and twice that in the
 backward pass (4); recomputation from activation checkpointing is not model math, so it does not
-count (that would be hardware FLOPs utilization). Used by llama_fsdp: section 6 computes it at the last
-checkpoint, section 8 ("Challenge 3, speed") explains it.
+count (that would be hardware FLOPs utilization). The llama_fsdp notebook writes this formula out in its
+"Challenge 3, speed" cell, with the peak its workers measured (`dense_peak_flops`, through the observer);
+`model_flops_utilization` is the same formula for ci/gpu and the tests.
 
 Peaks come from Lightning's table (`lightning.fabric.utilities.throughput.get_available_flops`),
 except where that table gives NVIDIA's *with-sparsity* figure, which is twice the dense peak

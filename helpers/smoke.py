@@ -1,7 +1,8 @@
 """The notebook's parameters: names papermill may pass, smoke mode's replacements, the values a run used.
 
-Used by the "Set up" cell of every notebook (`smoke_overrides`; `check_parameter_names` through
-`helpers.checks.check_parameters`) and `parameter_values` by the "What the run showed" cell.
+Used by `helpers.set_up`, the "Set up" cell of every notebook (`smoke_overrides`, with the tables of
+`helpers.smoke_settings`; `check_parameter_names` through `helpers.checks.check_parameters`), and
+`parameter_values` by the "What the run showed" cell.
 """
 
 from __future__ import annotations

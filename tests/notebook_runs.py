@@ -210,9 +210,11 @@ class NodeLoss:
         bucket, _, prefix = self.cluster["STORAGE_PATH"].removeprefix("s3://").partition("/")
         while not self._stop.wait(0.2):
             for upload in uploads.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", []):
-                folder = upload["Key"].split("/")[-2]
-                if upload["Key"].endswith(".distcp") and folder.startswith("checkpoint_"):
-                    step = int(folder.removeprefix("checkpoint_"))
+                folders = [p for p in upload["Key"].split("/") if p.startswith("checkpoint_")]
+                if (
+                    upload["Key"].endswith(".distcp") and folders
+                ):  # .../checkpoint_000018/sharded/__0_0.distcp
+                    step = int(folders[-1].removeprefix("checkpoint_"))
                     if wanted(step):
                         return step
         return None
