@@ -94,12 +94,13 @@ class Watch:
         import pandas as pd
 
         rows = {f"rank {rank}": _held(facts) for rank, facts in enumerate(self.ranks())}
-        if plan is not None:
+        measured = {column for row in rows.values() for column in row}
+        if plan is not None:  # what the plan counted of what the ranks measured
             planned = plan.as_dict()
             rows["plan"] = {
                 f"{what} (MB)": planned[f"{key}_bytes_per_rank"] / 1e6
                 for key, what in _HELD.items()
-                if f"{key}_bytes_per_rank" in planned
+                if f"{key}_bytes_per_rank" in planned and f"{what} (MB)" in measured
             }
         return pd.DataFrame.from_dict(rows, orient="index").round(3).fillna("")
 

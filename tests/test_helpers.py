@@ -321,3 +321,23 @@ def test_redact_masks_a_uris_credentials_and_keeps_the_bucket():
     with pytest.raises(helpers.ParameterError) as refused:
         helpers.storage.check_storage_path("STORAGE_PATH", "s3://AKIA:se/cr+et@bucket/prefix")
     assert "STORAGE_PATH='s3://***@bucket/prefix'" in str(refused.value) and "cr+et" not in str(refused.value)
+
+
+def test_the_watch_sets_what_each_worker_held_against_the_plan(monkeypatch):
+    # The results cells' table: a row per rank (its node, its share, its megabytes) and the plan's row, with
+    # only the columns the ranks measured (Lightning's observer measures no gradients: no plan column either).
+    import types
+
+    from helpers.observe import Watch
+
+    held = {"param_bytes": 2e6, "optimizer_bytes": 4e6, "grad_bytes": None}
+    facts = [{"node_id": "0123456789abcdef", "shard_fraction": 0.5, "state_bytes": held}] * 2
+    monkeypatch.setattr(Watch, "ranks", lambda self: facts)
+    planned = {"param_bytes_per_rank": 2e6, "optimizer_bytes_per_rank": 4e6, "grad_bytes_per_rank": 2e6}
+    table = Watch(run_log=None, mlflow_run_id=None).workers(types.SimpleNamespace(as_dict=lambda: planned))
+    assert list(table.index) == ["rank 0", "rank 1", "plan"]
+    assert table.loc["rank 1", "Ray node"] == "01234567"
+    assert table.loc["rank 0", "share of the parameters"] == 0.5
+    assert table.loc["plan", "weights (MB)"] == table.loc["rank 0", "weights (MB)"] == 2.0
+    assert table.loc["plan", "optimizer state (MB)"] == 4.0
+    assert "gradients (MB)" not in table.columns
