@@ -194,7 +194,10 @@ class NodeLoss:
             held = self._when_uploading(uploads, lambda step: step > added_after)
             if held is not None:
                 seconds = self._hold_until_resized(cluster)
-                self.events.append(("storage held until the resize", held, seconds))
+                if seconds is None:  # Ray Train saw the node early: the new worker group is there already
+                    self.events.append(("grown back before the hold", held, 0.0))
+                else:
+                    self.events.append(("storage held until the resize", held, seconds))
             if self.stall_at_checkpoint is not None:
                 if self._when_uploading(uploads, lambda step: step == self.stall_at_checkpoint) is not None:
                     cluster.pause_storage(CLUSTER_DIR, self.stall_s)
@@ -219,9 +222,10 @@ class NodeLoss:
                         return step
         return None
 
-    def _hold_until_resized(self, cluster) -> float:
+    def _hold_until_resized(self, cluster) -> float | None:
         """Pause the bucket while the lone training worker writes; resume it once that worker process is
-        gone (the resize stopped it) or after `hold_s`. Returns the seconds held."""
+        gone (the resize stopped it) or after `hold_s`. Returns the seconds held; None, without a hold, where
+        there is no lone worker (the resize came first: the new group's workers are there)."""
         import psutil
 
         records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
@@ -230,17 +234,18 @@ class NodeLoss:
             psutil.Process(r["pid"]) for r in records if r["name"].startswith("ray-") and cluster._running(r)
         ]
 
-        def train_workers() -> set[int]:
-            found = set()
+        def train_workers() -> set[int]:  # the worker processes, not processes they forked (same title)
+            found = {}
             for node in nodes:
                 for p in node.children(recursive=True):
                     with contextlib.suppress(psutil.Error):
                         if "RayTrainWorker" in " ".join(p.cmdline()):
-                            found.add(p.pid)
-            return found
+                            found[p.pid] = p.ppid()
+            return {pid for pid, parent in found.items() if parent not in found}
 
         lone = train_workers()
-        assert len(lone) == 1, f"expected the lone worker among the cluster's processes, found {sorted(lone)}"
+        if len(lone) != 1:
+            return None
         start = time.monotonic()
         s3.suspend()
         try:

@@ -102,8 +102,10 @@ def test_loses_a_node_goes_on_with_one_worker_and_grows_back(smoke_run, ray_clus
     every, max_steps = params["SAVE_STEPS"], params["MAX_STEPS"]
     (killed, killed_after, _), (added, _, _), (held, _, held_s), (stalled, _, _) = results["node_events"]
     assert (killed, added, stalled) == ("node killed", "node added", "storage stalled")
-    # The resize came while the bucket held the lone worker's write, before the hold's 50 s ran out.
-    assert held == "storage held until the resize" and held_s < 50, results["node_events"]
+    # The resize came while the bucket held the lone worker's write, before the hold's 50 s ran out (or
+    # before the hold began: Ray Train can see the new node at once, or 25 s later).
+    assert held in ("storage held until the resize", "grown back before the hold"), results["node_events"]
+    assert held_s < 50, results["node_events"]
     # Two workers, one on each node; one on the head node after the loss; two again once a node is back.
     # The bucket's stall during the last checkpoint cost no attempt: the write waited it out.
     assert [a["world_size"] for a in attempts] == [2, 1, 2]
