@@ -125,9 +125,10 @@ class NodeLoss:
     Ray Train notices the new node late: its autoscaling coordinator refreshes the cluster's resources every
     20 s (`TICK_INTERVAL_S` in ray.data's `default_autoscaling_coordinator.py`), and the resize monitor looks
     every `RESIZE_CHECK_S` after that. A lone worker with fewer steps than that left would finish alone. So
-    once the node is back, the bucket holds the lone worker's next checkpoint write (the S3 server paused,
-    `make cluster-pause-storage`'s way) until the resize has stopped the worker, at most `hold_s`: the resize
-    always comes, and that checkpoint is never registered.
+    once the node is back (and the lone worker's checkpoint registered), the bucket is held (the S3 server
+    paused, `make cluster-pause-storage`'s way) until the resize has stopped the lone worker, at most
+    `hold_s`: its next checkpoint write waits, the resize always comes first, and that checkpoint is never
+    registered.
 
     With `stall_at_checkpoint`, the bucket then stalls for `stall_s` in the middle of that checkpoint's write
     (as soon as one of its shard files is being uploaded). If the run ends before the node came back, a node
@@ -191,13 +192,12 @@ class NodeLoss:
             if added_after is None:
                 return
             uploads = self._s3_client()
-            held = self._when_uploading(uploads, lambda step: step > added_after)
-            if held is not None:
-                seconds = self._hold_until_resized(cluster)
-                if seconds is None:  # Ray Train saw the node early: the new worker group is there already
-                    self.events.append(("grown back before the hold", held, 0.0))
-                else:
-                    self.events.append(("storage held until the resize", held, seconds))
+            time.sleep(self.registered_after_s)  # the lone worker's checkpoint registered, as for the kill
+            seconds = self._hold_until_resized(cluster)  # its next checkpoint write waits in the bucket
+            if seconds is None:  # Ray Train saw the node early: the new worker group is there already
+                self.events.append(("grown back before the hold", added_after, 0.0))
+            else:
+                self.events.append(("storage held until the resize", added_after, seconds))
             if self.stall_at_checkpoint is not None:
                 if self._when_uploading(uploads, lambda step: step == self.stall_at_checkpoint) is not None:
                     cluster.pause_storage(CLUSTER_DIR, self.stall_s)
