@@ -122,12 +122,13 @@ class NodeLoss:
     and its `checkpoint_*/trainer_state.json` (written by rank 0 after every shard). `events` records what
     it did, with the checkpoint step it followed.
 
-    Ray Train notices the new node late: its autoscaling coordinator refreshes the cluster's resources every
-    20 s (`TICK_INTERVAL_S` in ray.data's `default_autoscaling_coordinator.py`), and the resize monitor looks
-    every `RESIZE_CHECK_S` after that. A lone worker with fewer steps than that left would finish alone. So
-    once the node is back (and the lone worker's checkpoint registered), the bucket is held (the S3 server
-    paused, `make cluster-pause-storage`'s way) until the resize has stopped the lone worker, at most
-    `hold_s`: its next checkpoint write waits, the resize always comes first, and that checkpoint is never
+    Ray Train sizes a worker group from the reservations of Ray Data's autoscaling coordinator, which looks
+    at the cluster every 20 s (`TICK_INTERVAL_S` in ray.data's `default_autoscaling_coordinator.py`); the
+    resize monitor looks every `RESIZE_CHECK_S` after that. So after each change of nodes the coordinator is
+    told to look at once (`_refresh_when`): as a real cluster's runs would, only sooner. And once the node is
+    back (and the lone worker's checkpoint registered), the bucket is held (the S3 server paused, `make
+    cluster-pause-storage`'s way) until the resize has stopped the lone worker, at most `hold_s`: its next
+    checkpoint write waits, so the resize always comes before the run ends, and that checkpoint is never
     registered.
 
     With `stall_at_checkpoint`, the bucket then stalls for `stall_s` in the middle of that checkpoint's write
@@ -150,6 +151,7 @@ class NodeLoss:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="node-loss", daemon=True)
         self.error: BaseException | None = None
+        self._refreshes: list[threading.Thread] = []
 
     def _checkpoints(self, fs, root: str, known: set[str]) -> list[int]:
         import pyarrow.fs as pafs
@@ -182,10 +184,12 @@ class NodeLoss:
                 if killed_after is None and steps:
                     time.sleep(self.registered_after_s)  # its report collected: the checkpoint is registered
                     self._kill_node(cluster)
+                    self._refresh_when(alive=1)
                     killed_after = steps[-1]
                     self.events.append(("node killed", killed_after, time.monotonic() - start))
                 elif killed_after is not None and steps and steps[-1] > killed_after:
                     cluster.add_node(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
+                    self._refresh_when(alive=2)
                     added_after = steps[-1]
                     self.events.append(("node added", added_after, time.monotonic() - start))
                     break
@@ -206,6 +210,39 @@ class NodeLoss:
                     )
         except BaseException as exc:  # noqa: BLE001 - reported by __exit__
             self.error = exc
+
+    def _refresh_when(self, alive: int) -> None:
+        """In a thread: once the head counts `alive` nodes, have Ray Data's autoscaling coordinator look at
+        the cluster now instead of at its next 20 s tick (`get_reserved_resources(recompute=True)`, the call
+        Ray makes before pinning work to nodes). Ray Train sizes a worker group from the coordinator's
+        reservations: the restart after the loss then asks for the one worker that can start instead of
+        waiting out a group that cannot, and the resize comes `RESIZE_CHECK_S` after the node is back."""
+        code = (
+            "import ray, time\n"
+            "ray.init(logging_level='ERROR')\n"
+            f"while sum(1 for n in ray.nodes() if n['Alive']) != {alive}:\n"
+            "    time.sleep(0.2)\n"
+            "coordinator = ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator')\n"
+            "ray.get(coordinator.get_reserved_resources.remote('node-loss', recompute=True), timeout=30)\n"
+        )
+
+        def refresh() -> None:
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-c", code],
+                    env=notebook_env(self.cluster),
+                    cwd=str(ROOT / "notebooks"),
+                    capture_output=True,
+                    text=True,
+                    timeout=90,
+                )
+                assert done.returncode == 0, f"the coordinator's refresh failed: {done.stderr[-1500:]}"
+            except BaseException as exc:  # noqa: BLE001 - reported by __exit__
+                self.error = self.error or exc
+
+        thread = threading.Thread(target=refresh, name=f"refresh-{alive}", daemon=True)
+        thread.start()
+        self._refreshes.append(thread)
 
     def _when_uploading(self, uploads, wanted) -> int | None:
         """Wait until a shard of a checkpoint whose step `wanted` accepts is being uploaded; return its step
@@ -290,6 +327,8 @@ class NodeLoss:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        for refresh in self._refreshes:
+            refresh.join(timeout=90)
         happened = [e[0] for e in self.events]
         if "node killed" in happened and "node added" not in happened:
             _local_cluster().add_node(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
