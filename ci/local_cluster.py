@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -512,10 +513,13 @@ def add_node(state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "clust
     return name
 
 
-def pause_storage(state_dir: Path = ROOT / ".cluster", seconds: float = 25.0) -> float:
+def pause_storage(
+    state_dir: Path = ROOT / ".cluster", seconds: float = 25.0, until: Callable[[], bool] | None = None
+) -> float:
     """Make the bucket stop answering for `seconds`, as a storage service that stalls does: SIGSTOP to the S3
     server `up` recorded (connections are still accepted, no request is answered), then SIGCONT, also if
-    this is interrupted. Returns the seconds it was paused."""
+    this is interrupted. With `until`, it answers again as soon as `until()` is true (checked every 0.5 s).
+    Returns the seconds it was paused."""
     import psutil
 
     state = json.loads((state_dir / "state.json").read_text())
@@ -526,7 +530,8 @@ def pause_storage(state_dir: Path = ROOT / ".cluster", seconds: float = 25.0) ->
     start = time.monotonic()
     server.suspend()
     try:
-        time.sleep(seconds)
+        while time.monotonic() - start < seconds and not (until and until()):
+            time.sleep(min(0.5, max(0.0, seconds - (time.monotonic() - start))))
     finally:
         server.resume()
     return time.monotonic() - start

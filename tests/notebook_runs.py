@@ -266,7 +266,6 @@ class NodeLoss:
         import psutil
 
         records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
-        s3 = psutil.Process(next(r["pid"] for r in records if r["name"] == "s3"))
         nodes = [
             psutil.Process(r["pid"]) for r in records if r["name"].startswith("ray-") and cluster._running(r)
         ]
@@ -283,16 +282,11 @@ class NodeLoss:
         lone = train_workers()
         if len(lone) != 1:
             return None
-        start = time.monotonic()
-        s3.suspend()
-        try:
-            while time.monotonic() - start < self.hold_s and not self._stop.is_set():
-                if not any(psutil.pid_exists(pid) for pid in lone):
-                    break
-                time.sleep(0.5)
-        finally:
-            s3.resume()
-        return time.monotonic() - start
+
+        def resized() -> bool:  # the lone worker's process is gone (or the run is over)
+            return self._stop.is_set() or not any(psutil.pid_exists(pid) for pid in lone)
+
+        return cluster.pause_storage(CLUSTER_DIR, self.hold_s, until=resized)
 
     @staticmethod
     def _kill_node(cluster) -> None:
