@@ -28,8 +28,8 @@ TORCH_SPEC ?= torch==2.13.0
 endif
 
 # DeepSpeed compiles its CPU ops (CPU Adam, shared-memory collectives: 75 s on 2 cores) on first use into
-# torch's extension cache; `make test` builds them at idle priority as it starts (by hand:
-# `.venv/bin/python ci/build_deepspeed_ops.py`). One cache per virtualenv: with the default
+# torch's extension cache: `make install` builds the shared-memory one (every DeepSpeed run on CPU loads
+# it), `make test` the rest at idle priority as it starts (by hand: `.venv/bin/python ci/build_deepspeed_ops.py`). One cache per virtualenv: with the default
 # (~/.cache/torch_extensions, shared by every virtualenv of the user) two checkouts recompile each other's
 # ops, the paths in the build differing.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
@@ -72,6 +72,9 @@ $(STAMP): $(BIN)/python requirements.txt pyproject.toml
 	@# (-qq, and no failure: a few files are test data for other Pythons; pip skips those too)
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ray-llm-notebooks)" >/dev/null
+	@# DeepSpeed's shared-memory collectives op, which every DeepSpeed run on CPU loads: built now, at low
+	@# priority (25 s of both cores here), not in the middle of a learner's first GPT-2 run (+50 s there).
+	nice -n 19 $(BIN)/python ci/build_deepspeed_ops.py ShareMemCommBuilder
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,4 +1,4 @@
-"""Build the ops DeepSpeed compiles on first use, now: `python ci/build_deepspeed_ops.py`.
+"""Build the ops DeepSpeed compiles on first use, now: `python ci/build_deepspeed_ops.py [BUILDER ...]`.
 
 On a machine without a GPU, DeepSpeed compiles two C++ ops the first time a process needs them, into
 torch's extension cache (`TORCH_EXTENSIONS_DIR`): CPU Adam (ZeRO-Offload's optimizer) and its
@@ -9,8 +9,11 @@ when they are built already, it takes a few seconds. A run that needs an op whil
 torch's build lock, as for any other process's build. Interrupted (Ctrl-C, SIGINT), torch releases that
 lock on the way out.
 
-`make test` runs this at the lowest CPU priority from the session's start (tests/conftest.py), in the time
-the tests leave idle.
+`make install` builds the shared-memory op (`ShareMemCommBuilder`, 25 s of both cores here), which every
+DeepSpeed run on CPU loads, so that a learner's first GPT-2 run compiles nothing. CPU Adam is needed only
+with ZeRO-Offload: `make test` builds it (and anything else missing) at the lowest CPU priority from the
+session's start (tests/conftest.py), in the time the tests leave idle. Arguments: the builders to build
+(default: both).
 """
 
 from __future__ import annotations
@@ -33,17 +36,21 @@ def build(name: str) -> str:
     return f"{builder.absolute_name()}: ready in {time.monotonic() - start:.0f} s"
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     from deepspeed.accelerator import get_accelerator  # imported once, before the threads
 
+    ops = argv or OPS
+    if unknown := set(ops) - set(OPS):
+        print(f"unknown op builder(s) {sorted(unknown)}; these are built: {', '.join(OPS)}", file=sys.stderr)
+        return 2
     if get_accelerator().device_name() != "cpu":
         print(f"DeepSpeed runs on {get_accelerator().device_name()} here: no CPU ops to build")
         return 0
-    with ThreadPoolExecutor(len(OPS)) as pool:
-        for line in pool.map(build, OPS):
+    with ThreadPoolExecutor(len(ops)) as pool:
+        for line in pool.map(build, ops):
             print(line, flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -457,7 +457,9 @@ def _on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
     GPU if `use_gpu`, else with a CPU); return {"address node-id": its result}.
 
     Used by the node-by-node checks before `fit()`: `prefetch_model_on_nodes` and
-    `_check_storage_from_nodes`.
+    `_check_storage_from_nodes`. On a Ray this notebook started on this machine (no `RAY_ADDRESS`), the one
+    node is this process's and its workers inherit this environment: the check runs here, without starting
+    a worker process for it (about 1 s of both cores on a laptop).
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -465,6 +467,9 @@ def _on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
     nodes = _alive_nodes(use_gpu)
     if not nodes:  # an autoscaling cluster before its first node of that kind
         return {}
+    here = ray.get_runtime_context().get_node_id()
+    if not os.environ.get("RAY_ADDRESS") and [n["NodeID"] for n in nodes] == [here]:
+        return {f"{nodes[0]['NodeManagerAddress']} {here[:8]}": task._function(*args)}
     refs = [
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
             *args
