@@ -288,38 +288,57 @@ class _LogHandler(logging.Handler):
             self.progress.alert(_shorten(f"papermill: {message.strip().splitlines()[0]}"))
 
 
+class FinishedRun:
+    """Whether papermill ran a notebook's last cell without error, and a kernel manager that then ends the
+    kernel at once (`on_cell_executed` goes to papermill, `kernel_manager(base)` as its manager class).
+
+    After the last cell (the notebook's `ray.shutdown()`, every result written) the kernel's graceful exit has
+    nothing left to do but Python's last garbage collection over torch, transformers and Ray: 2.5-3 s per
+    notebook, measured. A run that failed keeps it: its atexit hooks stop a local Ray it left running.
+    """
+
+    def __init__(self, notebook: Path) -> None:
+        import nbformat
+
+        # papermill adds one cell (the injected parameters): the last one it runs has this index
+        self.last_cell = len(nbformat.read(notebook, as_version=4).cells)
+        self.done = False
+
+    def on_cell_executed(self, cell, cell_index: int, execute_reply) -> None:
+        if cell_index == self.last_cell and execute_reply.get("content", {}).get("status") == "ok":
+            self.done = True
+
+    def kernel_manager(self, base: type) -> type:
+        run = self
+
+        class EndsFinishedKernels(base):
+            async def shutdown_kernel(self, now: bool = False, restart: bool = False):
+                return await super().shutdown_kernel(now=now or run.done, restart=restart)
+
+        return EndsFinishedKernels
+
+
 def execute(notebook: Path, run_dir: Path, progress: Progress) -> tuple[str, str]:
     """Run one notebook with papermill into `run_dir` (executed notebook, NAME.log, the results JSON the
     notebook writes); return (status, error)."""
-    import nbformat
     import papermill
     from jupyter_client.manager import AsyncKernelManager
 
     name = notebook.stem
     results_path = run_dir / f"{name}.json"
-    # papermill adds one cell (the injected parameters): the last one it runs has this index
-    last_cell = len(nbformat.read(notebook, as_version=4).cells)
-    finished = []  # the last cell ran without error
+    finished = FinishedRun(notebook)
     with open(run_dir / f"{name}.log", "a", buffering=1, encoding="utf-8", errors="replace") as log:
 
-        class KernelManager(AsyncKernelManager):
+        class KernelManager(finished.kernel_manager(AsyncKernelManager)):
             async def start_kernel(self, **kw):
                 # the kernel's own messages ("Kernel is running over TCP without encryption...") go to the log
                 kw.setdefault("stdout", log)
                 kw.setdefault("stderr", log)
                 return await super().start_kernel(**kw)
 
-            async def shutdown_kernel(self, now: bool = False, restart: bool = False):
-                # After a notebook's last cell (its `ray.shutdown()`, every result written), the kernel's
-                # exit has nothing left to do but Python's last garbage collection over torch, transformers
-                # and Ray: 2.5-3 s per notebook, measured. A failed run keeps the graceful exit, whose atexit
-                # hooks stop a local Ray the notebook left running.
-                return await super().shutdown_kernel(now=now or bool(finished), restart=restart)
-
         def on_cell_executed(cell, cell_index: int, execute_reply) -> None:
             progress.cell_done()
-            if cell_index == last_cell and execute_reply.get("content", {}).get("status") == "ok":
-                finished.append(True)
+            finished.on_cell_executed(cell, cell_index, execute_reply)
 
         def on_cell_start(cell, cell_index: int) -> None:
             progress.cell(cell)

@@ -340,12 +340,13 @@ class RunTooSlow(TimeoutError):
     """A notebook run went past its time budget: the message names the notebook, the run and the cell."""
 
 
-def _kernel_manager_with(env: Mapping[str, str]):
+def _kernel_manager_with(env: Mapping[str, str], finished):
     """A kernel manager whose kernel gets `env` as its whole environment (jupyter_client's own `env`
-    argument), so that runs in threads side by side never change this process's environment."""
+    argument), so that runs in threads side by side never change this process's environment, and which
+    ends the kernel at once after a run that `finished` (ci/run_notebooks.py's `FinishedRun`)."""
     from jupyter_client import AsyncKernelManager
 
-    class WithEnv(AsyncKernelManager):
+    class WithEnv(finished.kernel_manager(AsyncKernelManager)):
         async def start_kernel(self, **kw):
             return await super().start_kernel(**{**kw, "env": dict(env)})
 
@@ -386,6 +387,7 @@ def execute(
     papermill timeout; a run past it raises `RunTooSlow` naming the notebook, the run and the cell.
     """
     import papermill
+    from run_notebooks import FinishedRun
 
     out_dir = ARTIFACTS / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -396,6 +398,7 @@ def execute(
     error = None
     try:
         for attempt in (1, 2):
+            finished = FinishedRun(NOTEBOOKS / f"{name}.ipynb")
             try:
                 papermill.execute_notebook(
                     str(NOTEBOOKS / f"{name}.ipynb"),
@@ -405,7 +408,10 @@ def execute(
                     cwd=str(NOTEBOOKS),
                     execution_timeout=budget_s,
                     progress_bar=False,
-                    kernel_manager_class=_kernel_manager_with({**notebook_env(cluster), **(env or {})}),
+                    kernel_manager_class=_kernel_manager_with(
+                        {**notebook_env(cluster), **(env or {})}, finished
+                    ),
+                    on_cell_executed=finished.on_cell_executed,
                 )
                 break
             except RuntimeError as exc:
