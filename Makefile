@@ -73,7 +73,7 @@ $(STAMP): $(BIN)/python requirements.txt pyproject.toml
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ray-llm-notebooks)" >/dev/null
 	@# DeepSpeed's shared-memory collectives op, which every DeepSpeed run on CPU loads: built now, at low
-	@# priority (25 s of both cores here), not in the middle of a learner's first GPT-2 run (+50 s there).
+	@# priority (29-32 s of both cores here), not in the middle of a learner's first GPT-2 run (+50 s there).
 	nice -n 19 $(BIN)/python ci/build_deepspeed_ops.py ShareMemCommBuilder
 	touch $(STAMP)
 

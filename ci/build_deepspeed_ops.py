@@ -9,7 +9,7 @@ when they are built already, it takes a few seconds. A run that needs an op whil
 torch's build lock, as for any other process's build. Interrupted (Ctrl-C, SIGINT), torch releases that
 lock on the way out.
 
-`make install` builds the shared-memory op (`ShareMemCommBuilder`, 25 s of both cores here), which every
+`make install` builds the shared-memory op (`ShareMemCommBuilder`, about 30 s of both cores here), which every
 DeepSpeed run on CPU loads, so that a learner's first GPT-2 run compiles nothing. CPU Adam is needed only
 with ZeRO-Offload: `make test` builds it (and anything else missing) at the lowest CPU priority from the
 session's start (tests/conftest.py), in the time the tests leave idle. Arguments: the builders to build

@@ -31,5 +31,5 @@ def set_up(notebook: str, namespace: dict):
         namespace.update(smoke.smoke_overrides(namespace, smoke_settings.smoke_table(notebook, namespace)))
     plan = checks.check_parameters(notebook, namespace)
     cluster.start_ray(notebook)
-    checks.check_cluster(notebook, namespace)
+    checks.check_cluster(notebook, {**namespace, "plan": plan})  # the plan: the local disk it needs
     return plan

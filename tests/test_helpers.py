@@ -341,3 +341,16 @@ def test_the_watch_sets_what_each_worker_held_against_the_plan(monkeypatch):
     assert table.loc["plan", "weights (MB)"] == table.loc["rank 0", "weights (MB)"] == 2.0
     assert table.loc["plan", "optimizer state (MB)"] == 4.0
     assert "gradients (MB)" not in table.columns
+
+
+def test_set_up_gives_the_cluster_check_its_plan(monkeypatch):
+    """The node-by-node disk check needs the plan's byte counts: `set_up` hands its plan to
+    `check_cluster` (the notebook's `plan = ...` is assigned only after `set_up` returns)."""
+    from helpers import checks, notebook
+
+    plan, seen = object(), {}
+    monkeypatch.setattr(checks, "check_parameters", lambda name, namespace: plan)
+    monkeypatch.setattr(notebook.cluster, "start_ray", lambda name: None)
+    monkeypatch.setattr(checks, "check_cluster", lambda name, namespace: seen.update(namespace))
+    assert helpers.set_up("glue_text_classification", {"SMOKE_TEST": False}) is plan
+    assert seen["plan"] is plan
