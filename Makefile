@@ -29,9 +29,10 @@ endif
 
 # DeepSpeed compiles its CPU ops (CPU Adam, shared-memory collectives: 75 s on 2 cores) on first use into
 # torch's extension cache: `make install` builds the shared-memory one (every DeepSpeed run on CPU loads
-# it), `make test` the rest at idle priority as it starts (by hand: `.venv/bin/python ci/build_deepspeed_ops.py`). One cache per virtualenv: with the default
-# (~/.cache/torch_extensions, shared by every virtualenv of the user) two checkouts recompile each other's
-# ops, the paths in the build differing.
+# it), `make test` the rest at idle priority as it starts (by hand: `.venv/bin/python
+# ci/build_deepspeed_ops.py`). One cache per virtualenv: with the default (~/.cache/torch_extensions,
+# shared by every virtualenv of the user) two checkouts recompile each other's ops, the paths in the build
+# differing.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 # Tests run in a network namespace with only loopback where the kernel allows it (root, or

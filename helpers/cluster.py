@@ -461,9 +461,9 @@ def gpus_for_one_task(name: str, wanted: int) -> int:
     return min(wanted, most)
 
 
-def _on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
-    """Run the Ray remote function `task(*args)` once on every alive node that can run a worker (with a
-    GPU if `use_gpu`, else with a CPU); return {"address node-id": its result}.
+def _on_every_node(check, *args, use_gpu: bool = False) -> dict[str, object]:
+    """Run the function `check(*args)` once on every alive node that can run a worker (with a GPU if
+    `use_gpu`, else with a CPU), as a Ray task pinned to the node; return {"address node-id": its result}.
 
     Used by the node-by-node checks before `fit()`: `prefetch_model_on_nodes` and
     `_check_storage_from_nodes`. On a Ray this notebook started on this machine (no `RAY_ADDRESS`), the one
@@ -476,16 +476,17 @@ def _on_every_node(task, *args, use_gpu: bool = False) -> dict[str, object]:
     nodes = _alive_nodes(use_gpu)
     if not nodes:  # an autoscaling cluster before its first node of that kind
         return {}
+    labels = [n["NodeManagerAddress"] + " " + n["NodeID"][:8] for n in nodes]
     here = ray.get_runtime_context().get_node_id()
     if not os.environ.get("RAY_ADDRESS") and [n["NodeID"] for n in nodes] == [here]:
-        return {f"{nodes[0]['NodeManagerAddress']} {here[:8]}": task._function(*args)}
+        return {labels[0]: check(*args)}
+    task = ray.remote(num_cpus=0)(check)
     refs = [
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
             *args
         )
         for n in nodes
     ]
-    labels = [n["NodeManagerAddress"] + " " + n["NodeID"][:8] for n in nodes]
     return dict(zip(labels, ray.get(refs), strict=True))
 
 
@@ -503,9 +504,7 @@ def _check_storage_from_nodes(name: str, value: str) -> int:
 
     if not _is_uri(value) or value.startswith("file://"):
         return 0
-    import ray
 
-    @ray.remote(num_cpus=0)
     def probe(uri: str) -> str | None:
         import pyarrow.fs as pafs
 
@@ -592,15 +591,9 @@ def check_local_disk_on_nodes(needs: dict[str, int], model_name: str, use_gpu: b
     cache (`HF_HOME`) and the temp folder (`TMPDIR`), often a small root volume or a container's overlay:
     an ENOSPC after hours of training. This finds it before the download starts.
     """
-    import ray
-
     from .validate import ParameterError
 
-    @ray.remote(num_cpus=0)
-    def shortfall(needs: dict[str, int], model: str) -> list[str]:
-        return local_disk_shortfall(needs, model)
-
-    answers = _on_every_node(shortfall, needs, model_name, use_gpu=use_gpu)
+    answers = _on_every_node(local_disk_shortfall, needs, model_name, use_gpu=use_gpu)
     short = {node: lines for node, lines in answers.items() if lines}
     if short:
         lines = "; ".join(f"node {node}: {', '.join(found)}" for node, found in short.items())
@@ -621,11 +614,8 @@ def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[s
     instead: every node must see it (a folder on the head node only is a mistake found here, not in
     a worker). Used by `helpers.checks.check_cluster` for the Llama notebook.
     """
-    import ray
-
     from .validate import ParameterError
 
-    @ray.remote(num_cpus=0)
     def fetch(model: str) -> tuple[float, str | None]:
         try:
             return fetch_model(model), None
