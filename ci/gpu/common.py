@@ -28,6 +28,9 @@ def lesson_namespace(notebook: str, params: dict | None = None) -> dict:
     import torch
 
     import helpers
+    import helpers.checks  # the front door imports its submodules lazily; the runs use these directly
+    import helpers.flops
+    import helpers.fsdp
 
     namespace = {
         "__name__": f"lesson_{notebook}",

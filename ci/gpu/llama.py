@@ -229,6 +229,7 @@ def main() -> None:
     parser.add_argument("--out", required=False)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--worker")  # torchrun's process: the config as JSON
+    parser.add_argument("--only", help="run only the runs whose label contains this, e.g. LoRA")
     args = parser.parse_args()
     if args.worker:
         train(json.loads(args.worker))
@@ -273,6 +274,7 @@ def main() -> None:
             {"use_gradient_checkpointing": True, "lora_rank": 16, "save": True},
         ),
     ]
+    runs = [run for run in runs if args.only is None or args.only in run[0]]
     cpus = 2 if args.smoke else 12
     t0 = time.time()
     ray.init(num_cpus=cpus + 1, include_dashboard=False, logging_level="WARNING")

@@ -1,0 +1,270 @@
+"""Why a Llama step is below the 45 % MFU bar, and what closes the gap: one profiled step, then variants.
+
+One GPU, one process (a process group of one under NCCL), the notebook's own `load_and_shard`,
+`make_optimizer` and `train_step` on llama.py's 3.4B Llama 2 architecture model, `MAX_SEQ_LEN=2048`, 16
+sequences per step. The model and its optimizer are loaded once; the variants change only how the layers
+run, between steps:
+
+- activation checkpointing on every layer, on every second layer (transformers' `every_n_layers`), or off;
+- eager, or each decoder layer compiled (`nn.Module.compile`, after FSDP2 has sharded it);
+- 2 or 4 sequences per micro-step (8 or 4 micro-steps per step).
+
+Each variant's first step is a warm-up (it compiles, where the variant does); the mean of the next ones is
+its step time. One step of the notebook's variant and one of the fastest are profiled (`torch.profiler`):
+GPU time by kind of kernel, the optimizer's share (CUDA events around `optimizer.step`), and how much of the
+step the GPU had no kernel running.
+
+    python ci/gpu/llama_step.py --out DIR              # on a CUDA GPU: DIR/llama_step.json, DIR/llama_step_*.txt
+    python ci/gpu/llama_step.py --smoke --out DIR      # on CPU: a tiny model, the same code paths
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import re
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
+from common import environment, lesson_namespace, write_result  # noqa: E402
+from llama import FULL, SMOKE, build_model  # noqa: E402
+
+# (label, activation checkpointing every n layers (0: off), compiled, sequences per micro-step)
+VARIANTS = [
+    ("notebook: checkpointing every layer, eager, 2 per micro-step", 1, False, 2),
+    ("checkpointing every layer, compiled", 1, True, 2),
+    ("checkpointing every 2nd layer, compiled", 2, True, 2),
+    ("no checkpointing, compiled", 0, True, 2),
+    ("no checkpointing, eager", 0, False, 2),
+    ("checkpointing every 2nd layer, compiled, 4 per micro-step", 2, True, 4),
+]
+KINDS = [  # kernel name -> kind, first match wins
+    ("attention", r"flash|fmha|attention|sdpa|cudnn"),
+    ("matrix products", r"gemm|cutlass|xmma|nvjet|cublas|matmul|sm90_|sm80_|wgmma"),
+    ("collectives (NCCL)", r"nccl"),
+    ("copies", r"memcpy|memset|copy|chunk_cat|split_with_sizes|cat_"),
+    ("fused by compile (triton)", r"^triton_"),
+]
+
+
+def kernel_kind(name: str) -> str:
+    for kind, pattern in KINDS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return kind
+    return "other elementwise and reductions"
+
+
+def profile_summary(prof, wall_seconds: float) -> dict:
+    """GPU time by kind of kernel, and the share of the step with no kernel running."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    by_kind: dict[str, float] = {}
+    spans = []
+    for e in kernels:
+        by_kind[kernel_kind(e.name)] = by_kind.get(kernel_kind(e.name), 0.0) + e.time_range.elapsed_us() / 1e6
+        spans.append((e.time_range.start, e.time_range.end))
+    busy, end = 0.0, None
+    for start, stop in sorted(spans):  # the union of the kernels' intervals
+        if end is None or start > end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    busy /= 1e6
+    total = sum(by_kind.values())
+    return {
+        "step_seconds": wall_seconds,
+        "gpu_busy_seconds": busy,
+        "gpu_idle_share": 1 - busy / wall_seconds if kernels else None,
+        "kernel_seconds_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+        "kernel_share_by_kind": {k: v / total for k, v in by_kind.items()} if total else {},
+        "kernels": len(kernels),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--budget", type=float, default=400, help="seconds; no variant starts after it")
+    args = parser.parse_args()
+    started = time.time()
+    import torch
+    import torch.distributed as dist
+
+    out, work = Path(args.out), Path(tempfile.mkdtemp(prefix="llama-step-"))
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=f"file://{work}/rendezvous", rank=0, world_size=1
+    )
+    torch._dynamo.config.cache_size_limit = 64  # the layers share one compiled graph; room for recompiles
+    build_model(work / "model", SMOKE if args.smoke else FULL, "cuda" if cuda else "cpu")
+    config = {
+        "model_name": str(work / "model"),
+        "vocab_size": 32000,
+        "use_flash_attn": True,
+        "use_gradient_checkpointing": True,
+        "seq_len": 64 if args.smoke else 2048,
+        "batch_size_per_worker": 2,
+        "global_batch": 4 if args.smoke else 16,
+        "learning_rate": 5e-5,
+        "weight_decay": 0.01,
+        "warmup_ratio": 0.03,
+        "max_steps": 1000,
+        "seed": 42,
+    }
+    lesson = lesson_namespace("llama_fsdp", {})
+    helpers = lesson["helpers"]
+    model, loading = lesson["load_and_shard"](config, 0, device, pretrained=True)
+    optimizer, scheduler = lesson["make_optimizer"](model, config)
+    num_params = sum(p.numel() for p in model.parameters())
+    peak_flops = helpers.flops.dense_peak_flops(device, torch.bfloat16)
+    tokens_per_step = config["global_batch"] * config["seq_len"]
+    generator = torch.Generator().manual_seed(0)
+    packed = torch.randint(0, 32000, (config["global_batch"] * 64, config["seq_len"]), generator=generator)
+    packed = packed.to(torch.int32)
+    layers = list(model.get_decoder().layers)
+    optimizer_seconds: list = []
+    step_of_optimizer = optimizer.step
+
+    def timed_optimizer_step(*a, **k):  # CUDA events around the optimizer: no synchronisation added
+        if not cuda:
+            return step_of_optimizer(*a, **k)
+        begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        result = step_of_optimizer(*a, **k)
+        finish.record()
+        optimizer_seconds.append((begin, finish))
+        return result
+
+    optimizer.step = timed_optimizer_step
+    step = 0
+    results = {
+        "environment": environment(),
+        "model": SMOKE if args.smoke else FULL,
+        "num_params": num_params,
+        "attn_implementation": loading["attn"],
+        "seq_len": config["seq_len"],
+        "global_batch": config["global_batch"],
+        "peak_flops_per_gpu": peak_flops,
+        "method": __doc__,
+        "variants": [],
+    }
+
+    def one_step() -> float:
+        nonlocal step
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        lesson["train_step"](model, optimizer, scheduler, packed, step, config, device).item()
+        step += 1
+        return time.perf_counter() - t0
+
+    def profiled_step(name: str) -> dict:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        del optimizer_seconds[:]
+        with profile(activities=activities) as prof:
+            wall = one_step()
+        summary = profile_summary(prof, wall)
+        if cuda and optimizer_seconds:
+            summary["optimizer_seconds"] = optimizer_seconds[0][0].elapsed_time(optimizer_seconds[0][1]) / 1e3
+        sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+        (out / f"llama_step_{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+        return summary
+
+    steps_per_variant = 2 if args.smoke else 5
+    fastest = None
+    for label, every_n, compiled, micro in VARIANTS:
+        if time.time() - started > args.budget:
+            results["variants"].append({"label": label, "skipped": "out of time"})
+            continue
+        entry = {
+            "label": label,
+            "checkpoint_every_n_layers": every_n,
+            "compiled": compiled,
+            "micro_batch": micro,
+        }
+        try:
+            if every_n:
+                model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n)
+            else:
+                model.activation_checkpointing_disable()
+            torch._dynamo.reset()
+            for layer in layers:
+                if compiled:
+                    layer.compile()
+                else:
+                    layer._compiled_call_impl = None
+            config["batch_size_per_worker"] = micro
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            entry["first_step_seconds"] = one_step()  # compiles, where compiled
+            seconds = [one_step() for _ in range(steps_per_variant)]
+            step_s = sum(seconds) / len(seconds)
+            entry |= {
+                "step_seconds": seconds,
+                "steady_step_seconds": step_s,
+                "tokens_per_second": tokens_per_step / step_s,
+                "mfu": helpers.flops.model_flops_utilization(
+                    num_params, tokens_per_step, step_s, 1, peak_flops
+                ),
+            }
+            if cuda:
+                entry["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                entry["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+            if every_n == 1 and not compiled:
+                entry["profile"] = profiled_step("notebook")
+            if fastest is None or step_s < fastest[1]:
+                fastest = (entry, step_s, every_n, compiled, micro)
+            print(
+                f"{label}: {step_s:.3f} s/step, MFU {entry['mfu'] if entry['mfu'] is None else round(entry['mfu'], 3)}, "
+                f"first step {entry['first_step_seconds']:.1f} s, peak {entry.get('max_memory_allocated_gib', 0):.1f} GiB",
+                flush=True,
+            )
+        except Exception:
+            entry["error"] = traceback.format_exc()[-2000:]
+            print(f"{label}: FAILED\n{entry['error']}", flush=True)
+            optimizer.zero_grad(set_to_none=True)
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+        results["variants"].append(entry)
+        write_result(out / "llama_step.json", results)
+    if fastest is not None and fastest[0].get("profile") is None and time.time() - started < args.budget + 60:
+        entry, _, every_n, compiled, micro = fastest
+        try:
+            if every_n:
+                model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n)
+            else:
+                model.activation_checkpointing_disable()
+            for layer in layers:
+                if compiled:
+                    layer.compile()
+                else:
+                    layer._compiled_call_impl = None
+            config["batch_size_per_worker"] = micro
+            one_step()  # a recompile, if any, stays out of the profile
+            entry["profile"] = profiled_step("fastest")
+        except Exception:
+            entry["profile_error"] = traceback.format_exc()[-2000:]
+        write_result(out / "llama_step.json", results)
+    dist.destroy_process_group()
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"llama_step: {time.time() - started:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
