@@ -16,6 +16,7 @@ step the GPU had no kernel running.
 
     python ci/gpu/llama_step.py --out DIR              # on a CUDA GPU: DIR/llama_step.json, DIR/llama_step_*.txt
     python ci/gpu/llama_step.py --variants further ... # toward the bar: DIR/llama_step_further.json
+    python ci/gpu/llama_step.py --variants fused ...   # the optimizer fused: DIR/llama_step_fused.json
     python ci/gpu/llama_step.py --smoke --out DIR      # on CPU: a tiny model, the same code paths
 """
 
@@ -51,6 +52,12 @@ FURTHER = [  # `--variants further`: toward the bar, the notebook's variant agai
     ("no checkpointing, compiled, 4 per micro-step", 0, True, 4),
     ("checkpointing every 2nd layer, compiled, 8 per micro-step (2 micro-steps)", 2, True, 8),
 ]
+FUSED = [  # `--variants fused`: the optimizer as one fused kernel (AdamW(fused=True)) instead of a for-loop
+    FURTHER[3],
+    (FURTHER[3][0] + ", fused AdamW", *FURTHER[3][1:]),
+    (VARIANTS[0][0] + ", fused AdamW", *VARIANTS[0][1:]),
+]
+SETS = {"study": VARIANTS, "further": FURTHER, "fused": FUSED}
 KINDS = [  # kernel name -> kind, first match wins
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
     ("matrix products", r"gemm|cutlass|xmma|nvjet|cublas|matmul|sm90_|sm80_|wgmma"),
@@ -101,7 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--variants", choices=("study", "further"), default="study")
+    parser.add_argument("--variants", choices=tuple(SETS), default="study")
     parser.add_argument("--budget", type=float, default=400, help="seconds; no variant starts after it")
     args = parser.parse_args()
     started = time.time()
@@ -110,7 +117,7 @@ def main() -> None:
 
     out, work = Path(args.out), Path(tempfile.mkdtemp(prefix="llama-step-"))
     out.mkdir(parents=True, exist_ok=True)
-    stem = "llama_step" if args.variants == "study" else "llama_step_further"
+    stem = "llama_step" if args.variants == "study" else f"llama_step_{args.variants}"
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
@@ -197,7 +204,7 @@ def main() -> None:
 
     steps_per_variant = 2 if args.smoke else 5
     fastest = None
-    for label, every_n, compiled, micro in VARIANTS if args.variants == "study" else FURTHER:
+    for label, every_n, compiled, micro in SETS[args.variants]:
         if time.time() - started > args.budget:
             results["variants"].append({"label": label, "skipped": "out of time"})
             continue
@@ -219,6 +226,11 @@ def main() -> None:
                 else:
                     layer._compiled_call_impl = None
             config["batch_size_per_worker"] = micro
+            if label.endswith("fused AdamW") and not optimizer.param_groups[0]["fused"]:
+                optimizer.state.clear()  # fused keeps its step counts on the GPU: new state, the old freed
+                for group in optimizer.param_groups:
+                    group.update(foreach=False, fused=True)
+            entry["fused_optimizer"] = bool(optimizer.param_groups[0]["fused"])
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             entry["first_step_seconds"] = one_step()  # compiles, where compiled
