@@ -69,11 +69,12 @@ def plan_rows(folder: Path) -> list[dict]:
     rows = []
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
-        runs = [r for r in result["runs"] if "max_memory_reserved_gib" in r and r.get("plan")]
-        if not runs:
+        runs = [r for r in result.get("runs", []) if "max_memory_reserved_gib" in r and r.get("plan")]
+        if not runs:  # llama_step*.json: variants of one step, no plan
             continue
+        kind = "llama_fsdp" if path.stem.startswith("llama") else path.stem  # llama_lora_h100.json too
         with tempfile.TemporaryDirectory(prefix="gpu-plan-") as model:
-            plans = [replan(path.stem, result, run, _model_folder(path.stem, result, model)) for run in runs]
+            plans = [replan(kind, result, run, _model_folder(kind, result, model)) for run in runs]
         for run, plan in zip(runs, plans, strict=True):
             allocator = (plan["device_bytes"] - CUDA_OVERHEAD - NCCL_BUFFERS) / (1 + ALLOCATOR_RESERVE)
             label = run.get("label") or f"ZeRO-{run['zero_stage']} offload={run['offload']}"
