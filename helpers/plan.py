@@ -33,9 +33,13 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
 - The optimizer step runs after the backward pass has freed the activations: torch's default
   ("foreach") AdamW allocates a temporary the size of the weights it updates (4 P / N), the for-loop
   one (`foreach=False`) only one tensor's worth. The per-GPU peak is the larger of the two phases.
-- DeepSpeed ZeRO-1/2 also allocates its gradient reduction buckets: `reduce_bucket_size` elements in the
-  16-bit dtype, twice with `overlap_comm` (`stage_1_and_2.py`, `setup_buckets`). The GPT-2 notebook's
-  config asks for 5e7 (200 MB in all); DeepSpeed's default, 5e8, would hold 2 GB whatever the model.
+- DeepSpeed ZeRO-1/2 also allocates its gradient reduction buckets in the backward pass:
+  `reduce_bucket_size` elements in the 16-bit dtype, twice with `overlap_comm` (`stage_1_and_2.py`,
+  `setup_buckets`). The GPT-2 notebook's config asks for 5e7 (200 MB in all); DeepSpeed's default, 5e8,
+  would hold 2 GB whatever the model. ZeRO's step, on the GPU, holds the fp32 gradient partition
+  (4 P / N, which DeepSpeed's estimator counts throughout) and torch's default AdamW temporary
+  (4 P / N); ZeRO-3 keeps its 16-bit gradient partition (2 P / N) too. The peak is the larger of the
+  backward pass and the step (measured on an H200, and tensor by tensor with the profiler on CPU).
 - A CUDA context (1 GiB), NCCL's buffers (0.5 GiB), and 2 % of the rest for the caching allocator's
   fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.cluster.start_ray`
   sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
@@ -542,16 +546,35 @@ def _zero_device(
         states, cpu = 18 * p, 0
     else:
         states, cpu = _zero_model_states(run.size, stage, max(run.per_node, 1), run.nodes, offload)
-    if stage in (1, 2):  # the gradient reduction buckets, two with overlap_comm (the notebook's)
-        states += 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
+    buckets = 0
+    if stage in (
+        1,
+        2,
+    ):  # the gradient reduction buckets, two with overlap_comm (the notebook's): backward only
+        buckets = 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
     elif stage == 3:  # stage 3 allocates one (its "IPG" buffer, contiguous_gradients), offloaded or not
         states += ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
     details["param_bytes_per_rank"] = 2 * (p // n if stage == 3 else p)  # ZeRO's bf16/fp16 weights
     details["optimizer_bytes_per_rank"] = 12 * p // (n if stage else 1)  # fp32 master weights, 2 moments
-    terms = (
-        f"ZeRO-{stage} model states and buffers {_gb(states)} (DeepSpeed's estimator) + activations and "
-        f"logits {_gb(activations_and_logits)}"
-    )
+    if stage and offload == "none":
+        # The step runs on the GPU after the backward pass has freed the activations. The estimator's fp32
+        # gradient partition (4 P / N) exists only then, beside torch's default (foreach) AdamW temporary
+        # (4 P / N); stage 3 also keeps its 16-bit gradient partition (2 P / N) through the step.
+        # ZeRO-1/2's reduction buckets live in the backward pass (measured on CPU and an H200: 22 P at the
+        # step for one GPU, no buckets).
+        fp32_grads, step = 4 * p // n, 4 * p // n
+        states += -fp32_grads + (2 * p // n if stage == 3 else 0)
+        details["optimizer_step_temporary_bytes"] = fp32_grads + step
+        backward = buckets + activations_and_logits
+        terms = (
+            f"ZeRO-{stage} model states and buffers {_gb(states)} (DeepSpeed's estimator, its fp32 gradients "
+            f"moved to the step) + the larger of the backward pass's activations, logits and buckets "
+            f"{_gb(backward)} and the optimizer step's fp32 gradients and AdamW temporary {_gb(fp32_grads + step)}"
+        )
+        return states + max(backward, fp32_grads + step), 0, terms
+    states += buckets
+    terms = f"ZeRO-{stage} model states and buffers {_gb(states)} (DeepSpeed's estimator)"
+    terms += f" + activations and logits {_gb(activations_and_logits)}"
     return states + activations_and_logits, cpu if offload != "none" else 0, terms
 
 
