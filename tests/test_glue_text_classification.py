@@ -5,6 +5,10 @@ Floors are set from measured smoke runs on the 2-core machine (in brackets), wel
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
+
 import pytest
 from notebook_runs import (
     LAB_START_BUDGET_S,
@@ -24,6 +28,15 @@ NAME = "glue_text_classification"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
 FIXTURE_TRAIN_ROWS = 512  # each task's training rows in helpers.fixtures.glue_fixture()
 FIXTURE_VALIDATION_ROWS = 127  # each validation split's rows there: a prime, so no worker count divides it
+SESSION_START = time.time()  # before any run of this session
+
+
+def _worker_folders_left() -> list[str]:
+    """Folders named like a GLUE worker's `output_dir` (the nodes share this machine's temp dir), written
+    since this session started."""
+    root = tempfile.gettempdir()
+    names = [n for n in os.listdir(root) if n.startswith("glue-")]
+    return [n for n in names if os.path.getmtime(os.path.join(root, n)) >= SESSION_START]
 
 
 def _check_common(results: dict, task: str, cluster, resumed: bool = False) -> None:
@@ -72,6 +85,9 @@ def test_cola_default_task_run_as_a_learner_runs_it(smoke_run, ray_cluster):
     assert results["kill"]["resume_bytes_per_rank"] == [whole - rng_state[1], whole - rng_state[0]]
     assert set(results["eval_metrics"]) == {"matthews_correlation"}
     assert results["eval_metrics"]["matthews_correlation"] >= 0.8  # chance: 0 [1.0]
+    # The killed worker could not remove its local output_dir; the worker that replaced it cleared it (one
+    # folder per run and rank), and every worker removed its own at the end.
+    assert _worker_folders_left() == []
     print(
         f"cola: {results['eval_metrics']}, resume {results['kill']['resume_bytes_per_rank']} of {whole} B, {wall:.0f} s"
     )
