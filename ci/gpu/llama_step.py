@@ -179,6 +179,19 @@ def main() -> None:
         "variants": [],
     }
 
+    def run_layers_as(every_n: int, compiled: bool, micro: int) -> None:
+        """Checkpoint every n-th layer (0: none), compile each layer or not, `micro` sequences per micro-step."""
+        if every_n:
+            model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n)
+        else:
+            model.activation_checkpointing_disable()
+        for layer in layers:
+            if compiled:
+                layer.compile()
+            else:
+                layer._compiled_call_impl = None  # what nn.Module.compile set
+        config["batch_size_per_worker"] = micro
+
     def one_step() -> float:
         nonlocal step
         if cuda:
@@ -215,17 +228,8 @@ def main() -> None:
             "micro_batch": micro,
         }
         try:
-            if every_n:
-                model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n)
-            else:
-                model.activation_checkpointing_disable()
             torch._dynamo.reset()
-            for layer in layers:
-                if compiled:
-                    layer.compile()
-                else:
-                    layer._compiled_call_impl = None
-            config["batch_size_per_worker"] = micro
+            run_layers_as(every_n, compiled, micro)
             if label.endswith("fused AdamW") and not optimizer.param_groups[0]["fused"]:
                 optimizer.state.clear()  # fused keeps its step counts on the GPU: new state, the old freed
                 for group in optimizer.param_groups:
@@ -268,16 +272,7 @@ def main() -> None:
     if fastest is not None and fastest[0].get("profile") is None and time.time() - started < args.budget + 60:
         entry, _, every_n, compiled, micro = fastest
         try:
-            if every_n:
-                model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n)
-            else:
-                model.activation_checkpointing_disable()
-            for layer in layers:
-                if compiled:
-                    layer.compile()
-                else:
-                    layer._compiled_call_impl = None
-            config["batch_size_per_worker"] = micro
+            run_layers_as(every_n, compiled, micro)
             one_step()  # a recompile, if any, stays out of the profile
             entry["profile"] = profiled_step("fastest")
         except Exception:
