@@ -547,10 +547,7 @@ def _zero_device(
     else:
         states, cpu = _zero_model_states(run.size, stage, max(run.per_node, 1), run.nodes, offload)
     buckets = 0
-    if stage in (
-        1,
-        2,
-    ):  # the gradient reduction buckets, two with overlap_comm (the notebook's): backward only
+    if stage in (1, 2):  # the gradient reduction buckets, two with overlap_comm (the notebook's): backward
         buckets = 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
     elif stage == 3:  # stage 3 allocates one (its "IPG" buffer, contiguous_gradients), offloaded or not
         states += ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
