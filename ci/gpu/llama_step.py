@@ -31,31 +31,39 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 from common import environment, lesson_namespace, write_result  # noqa: E402
 from llama import FULL, SMOKE, build_model  # noqa: E402
 
-# (label, activation checkpointing every n layers (0: off), compiled, sequences per micro-step)
+
+class Variant(NamedTuple):
+    label: str
+    every_n: int  # activation checkpointing on every n-th layer (0: none)
+    compiled: bool  # each decoder layer compiled
+    micro: int  # sequences per micro-step
+    fused: bool = False  # AdamW as one fused kernel instead of the notebook's for-loop
+
+
 VARIANTS = [
-    ("notebook: checkpointing every layer, eager, 2 per micro-step", 1, False, 2),
-    ("checkpointing every layer, compiled", 1, True, 2),
-    ("checkpointing every 2nd layer, compiled", 2, True, 2),
-    ("no checkpointing, compiled", 0, True, 2),
-    ("no checkpointing, eager", 0, False, 2),
-    ("checkpointing every 2nd layer, compiled, 4 per micro-step", 2, True, 4),
+    Variant("notebook: checkpointing every layer, eager, 2 per micro-step", 1, False, 2),
+    Variant("checkpointing every layer, compiled", 1, True, 2),
+    Variant("checkpointing every 2nd layer, compiled", 2, True, 2),
+    Variant("no checkpointing, compiled", 0, True, 2),
+    Variant("no checkpointing, eager", 0, False, 2),
+    Variant("checkpointing every 2nd layer, compiled, 4 per micro-step", 2, True, 4),
 ]
 FURTHER = [  # `--variants further`: toward the bar, the notebook's variant again as the baseline
     VARIANTS[0],
-    ("checkpointing every layer, compiled, 8 per micro-step (2 micro-steps)", 1, True, 8),
-    ("checkpointing every 4th layer, compiled, 4 per micro-step", 4, True, 4),
-    ("no checkpointing, compiled, 4 per micro-step", 0, True, 4),
-    ("checkpointing every 2nd layer, compiled, 8 per micro-step (2 micro-steps)", 2, True, 8),
+    Variant("checkpointing every layer, compiled, 8 per micro-step (2 micro-steps)", 1, True, 8),
+    Variant("checkpointing every 4th layer, compiled, 4 per micro-step", 4, True, 4),
+    Variant("no checkpointing, compiled, 4 per micro-step", 0, True, 4),
+    Variant("checkpointing every 2nd layer, compiled, 8 per micro-step (2 micro-steps)", 2, True, 8),
 ]
 FUSED = [  # `--variants fused`: the optimizer as one fused kernel (AdamW(fused=True)) instead of a for-loop
     FURTHER[3],
-    (FURTHER[3][0] + ", fused AdamW", *FURTHER[3][1:]),
-    (VARIANTS[0][0] + ", fused AdamW", *VARIANTS[0][1:]),
+    *(v._replace(label=v.label + ", fused AdamW", fused=True) for v in (FURTHER[3], VARIANTS[0])),
 ]
 SETS = {"study": VARIANTS, "further": FURTHER, "fused": FUSED}
 KINDS = [  # kernel name -> kind, first match wins
@@ -217,7 +225,8 @@ def main() -> None:
 
     steps_per_variant = 2 if args.smoke else 5
     fastest = None
-    for label, every_n, compiled, micro in SETS[args.variants]:
+    for variant in SETS[args.variants]:
+        label, every_n, compiled, micro, fused = variant
         if time.time() - started > args.budget:
             results["variants"].append({"label": label, "skipped": "out of time"})
             continue
@@ -230,7 +239,7 @@ def main() -> None:
         try:
             torch._dynamo.reset()
             run_layers_as(every_n, compiled, micro)
-            if label.endswith("fused AdamW") and not optimizer.param_groups[0]["fused"]:
+            if fused and not optimizer.param_groups[0]["fused"]:
                 optimizer.state.clear()  # fused keeps its step counts on the GPU: new state, the old freed
                 for group in optimizer.param_groups:
                     group.update(foreach=False, fused=True)
@@ -254,7 +263,7 @@ def main() -> None:
             if every_n == 1 and not compiled:
                 entry["profile"] = profiled_step("notebook")
             if fastest is None or step_s < fastest[1]:
-                fastest = (entry, step_s, every_n, compiled, micro)
+                fastest = (entry, step_s, variant)
             print(
                 f"{label}: {step_s:.3f} s/step, MFU {entry['mfu'] if entry['mfu'] is None else round(entry['mfu'], 3)}, "
                 f"first step {entry['first_step_seconds']:.1f} s, peak {entry.get('max_memory_allocated_gib', 0):.1f} GiB",
@@ -270,9 +279,9 @@ def main() -> None:
         results["variants"].append(entry)
         write_result(out / f"{stem}.json", results)
     if fastest is not None and fastest[0].get("profile") is None and time.time() - started < args.budget + 60:
-        entry, _, every_n, compiled, micro = fastest
+        entry, _, variant = fastest
         try:
-            run_layers_as(every_n, compiled, micro)
+            run_layers_as(variant.every_n, variant.compiled, variant.micro)
             one_step()  # a recompile, if any, stays out of the profile
             entry["profile"] = profiled_step("fastest")
         except Exception:
