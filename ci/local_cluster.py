@@ -386,6 +386,52 @@ def up(
     return driver
 
 
+def up_ray(state_dir: Path, cpus: int, object_store_mb: int = 1024) -> dict:
+    """One Ray node on this machine, with token auth, and nothing else (no bucket, no tracking server):
+    what `make run` starts once for all its notebooks, each of which would otherwise start and stop a Ray
+    of its own (about 5.5 s of ray.init and ray.shutdown each on 2 cores). Its environment is a notebook's
+    local Ray's (`LOCAL_RAY_ENV`). Returns the driver's variables; `down(state_dir, ...)` stops it."""
+    sys.path.insert(0, str(ROOT))
+    from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
+
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    state = _claim(state_dir, state_dir / "cluster.env", held_by_caller=True)
+    log = state_dir / "ray-head.log"
+    _write_private(state_dir / "auth_token", secrets.token_hex(32))
+    temp_dir = tempfile.mkdtemp(prefix="llmnb-ray-")
+    state["temp_dirs"] = [temp_dir]
+    env = {**kept_env(), **RAY_ENV, **LOCAL_RAY_ENV}
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(state_dir / "auth_token"),
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_USAGE_STATS_REPORT_URL="http://127.0.0.1:9/",
+        RAY_enable_metrics_collection="0",
+    )
+    gcs_port = free_port()
+    address = f"127.0.0.1:{gcs_port}"
+    cmd = _node_command(temp_dir, cpus, object_store_mb)
+    cmd += ["--head", f"--port={gcs_port}", "--include-dashboard=false"]
+    try:
+        proc = _start(cmd, log, env)
+        state["processes"].append(_record(proc, "ray-head"))
+        _write_private(state_dir / "state.json", json.dumps(state, indent=2))
+        _wait_for_port(gcs_port, proc, "the Ray head node", log)
+        deadline = time.monotonic() + 90
+        while _alive_nodes(address, env) < 1:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray node did not come up; see {log}")
+            time.sleep(0.5)
+    except BaseException:
+        down(state_dir, state_dir / "cluster.env", quiet=True)
+        raise
+    return {
+        "RAY_ADDRESS": address,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": env["RAY_AUTH_TOKEN_PATH"],
+    }
+
+
 def _running(record: dict) -> bool:
     import psutil
 
@@ -538,7 +584,12 @@ def pause_storage(
 
 
 # Where clusters are recorded: `make cluster-up`, `make run CLUSTER=1`, the test session.
-STATE_DIRS = (ROOT / ".cluster", ROOT / ".cluster-run", ROOT / "test-artifacts" / "cluster")
+STATE_DIRS = (
+    ROOT / ".cluster",
+    ROOT / ".cluster-run",
+    ROOT / ".ray-run",
+    ROOT / "test-artifacts" / "cluster",
+)
 
 
 def idle() -> int:

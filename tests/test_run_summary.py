@@ -11,6 +11,7 @@ nothing overflows at 1280 px. A screenshot is kept in test-artifacts/run-summary
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import sys
@@ -456,9 +457,47 @@ def test_make_run_says_which_cluster_and_storage_it_uses(monkeypatch):
     assert run_notebooks.where_it_runs() == (
         "Cluster: a local Ray per notebook. Checkpoints: each notebook's local folder (no STORAGE_PATH set)."
     )
+    # `make run`'s own Ray, which every notebook attaches to (run_on_one_ray).
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:40000")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(ROOT / ".ray-run" / "auth_token"))
+    assert run_notebooks.where_it_runs().startswith(
+        "Cluster: one local Ray for all of them, at 127.0.0.1:40000."
+    )
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
     # A shell that still has an old cluster's variables: said plainly, the URI's credentials masked.
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     monkeypatch.setenv("STORAGE_PATH", "s3://KEY:SECRET@team-bucket/runs")
     assert run_notebooks.where_it_runs() == (
         "Cluster: the Ray cluster at RAY_ADDRESS=10.0.0.5:6379. Checkpoints: STORAGE_PATH=s3://***@team-bucket/runs."
     )
+
+
+def test_make_runs_one_ray_lets_in_only_a_driver_with_its_token_and_leaves_nothing(tmp_path):
+    """`make run`'s one Ray for all notebooks (local_cluster.up_ray): a notebook's driver attaches with the
+    token, one without it is refused, and `down` stops every process of it (about 12 s)."""
+    import os
+    import subprocess
+
+    import local_cluster
+    import psutil
+
+    state = tmp_path / "ray-run"
+    driver = local_cluster.up_ray(state, cpus=2, object_store_mb=100)
+    try:
+        recorded = json.loads((state / "state.json").read_text())
+        head = psutil.Process(recorded["processes"][0]["pid"])
+        family = [head, *head.children(recursive=True)]
+        env = {**os.environ, **driver}
+        code = "import ray; ray.init(logging_level='ERROR'); print(ray.cluster_resources()['CPU'])"
+        run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        attached = run([sys.executable, "-c", code], env=env)
+        assert attached.returncode == 0 and attached.stdout.split()[-1] == "2.0", attached.stderr[-2000:]
+        refused = run(
+            [sys.executable, "-c", code], env={**env, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "none")}
+        )
+        assert refused.returncode != 0 and "AuthenticationError" in refused.stderr, refused.stderr[-2000:]
+        assert (state / "auth_token").stat().st_mode & 0o077 == 0
+    finally:
+        local_cluster.down(state, state / "cluster.env", quiet=True)
+    assert not [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not any(Path(d).exists() for d in recorded["temp_dirs"]) and not (state / "auth_token").exists()
