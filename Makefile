@@ -80,6 +80,8 @@ $(STAMP): $(BIN)/python requirements.txt pyproject.toml
 
 install: $(STAMP)
 
+# Every notebook on one local Ray (a node with token auth, started before the first and stopped after the
+# last, by its process ids), or on the cluster at RAY_ADDRESS where one is set.
 # CLUSTER=1: every notebook on a two-node Ray with checkpoints in an S3 bucket (ci/local_cluster.py), started
 # before and stopped after, also when a notebook fails; all inside the loopback-only network namespace.
 # NOTEBOOK=llama_fsdp (or a comma-separated list): only those notebooks. Prints each notebook's sections and
