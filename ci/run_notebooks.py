@@ -12,6 +12,10 @@ Markdown heading) being executed, the training lines (step and loss, at most one
 notebook, always the last), evaluations, the killed worker and the resume; not the rest (Ray's
 prefixes and colours, warnings, progress bars, module dumps, blank lines), which is in NAME.log.
 
+The notebooks run on one local Ray (`local_cluster.up_ray`: one node with token auth), started before the
+first and stopped after the last by its process ids, which each attaches to as to a cluster; on the
+cluster at `RAY_ADDRESS` where the shell has one.
+
 `--notebook NAME[,NAME...]` (`make run NOTEBOOK=llama_fsdp`): only those notebooks.
 `--cluster` (`make run CLUSTER=1`): start the local cluster first (ci/local_cluster.py: two Ray nodes,
 an S3 bucket), run the notebooks on it with `STORAGE_PATH` in the bucket, and stop it at the end,
