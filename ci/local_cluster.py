@@ -152,24 +152,25 @@ def _alive_nodes(gcs_address: str, env: dict) -> int:
 
 def node_env(
     state_dir: Path,
-    s3_port: int,
+    s3_port: int | None,
     credentials: dict,
     base: dict | None = None,
     node_death_s: int | None = None,
 ) -> dict:
     """The environment of every Ray node: the caller's kept variables (`kept_env`), token auth, the bucket's
-    and the tracking server's credentials (as instance credentials are on a real cluster), quiet Ray."""
+    and the tracking server's credentials (as instance credentials are on a real cluster), quiet Ray.
+    `s3_port` None: a Ray without the bucket (`up_ray`)."""
     sys.path.insert(0, str(ROOT))
     from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
 
     env = kept_env(os.environ if base is None else base)
     env.update(RAY_ENV)
     env.update(LOCAL_RAY_ENV)  # a laptop's cluster: no preemption watcher, one parquet footer reader
+    if s3_port is not None:
+        env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{s3_port}", AWS_REGION="us-east-1")
     env.update(
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN_PATH=str(state_dir / "auth_token"),
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{s3_port}",
-        AWS_REGION="us-east-1",
         **credentials,
         # With usage stats disabled, `ray start` still sends one "disabled" report; keep it on loopback.
         RAY_USAGE_STATS_ENABLED="0",
@@ -391,23 +392,13 @@ def up_ray(state_dir: Path, cpus: int, object_store_mb: int = 1024) -> dict:
     what `make run` starts once for all its notebooks, each of which would otherwise start and stop a Ray
     of its own (about 5.5 s of ray.init and ray.shutdown each on 2 cores). Its environment is a notebook's
     local Ray's (`LOCAL_RAY_ENV`). Returns the driver's variables; `down(state_dir, ...)` stops it."""
-    sys.path.insert(0, str(ROOT))
-    from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
-
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     state = _claim(state_dir, state_dir / "cluster.env", held_by_caller=True)
     log = state_dir / "ray-head.log"
     _write_private(state_dir / "auth_token", secrets.token_hex(32))
     temp_dir = tempfile.mkdtemp(prefix="llmnb-ray-")
     state["temp_dirs"] = [temp_dir]
-    env = {**kept_env(), **RAY_ENV, **LOCAL_RAY_ENV}
-    env.update(
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN_PATH=str(state_dir / "auth_token"),
-        RAY_USAGE_STATS_ENABLED="0",
-        RAY_USAGE_STATS_REPORT_URL="http://127.0.0.1:9/",
-        RAY_enable_metrics_collection="0",
-    )
+    env = node_env(state_dir, s3_port=None, credentials={})
     gcs_port = free_port()
     address = f"127.0.0.1:{gcs_port}"
     cmd = _node_command(temp_dir, cpus, object_store_mb)
