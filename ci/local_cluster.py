@@ -150,6 +150,18 @@ def _alive_nodes(gcs_address: str, env: dict) -> int:
     return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
 
 
+def _wait_for_nodes(
+    address: str, env: dict, count: int, proc: subprocess.Popen, failure: str, poll_s: float
+) -> None:
+    """Wait (at most 90 s) until `count` Ray nodes are alive at `address`; RuntimeError(`failure`) if `proc`,
+    the node just started, exits first or they are not."""
+    deadline = time.monotonic() + 90
+    while _alive_nodes(address, env) < count:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(failure)
+        time.sleep(poll_s)
+
+
 def node_env(
     state_dir: Path,
     s3_port: int | None,
@@ -408,11 +420,7 @@ def up_ray(state_dir: Path, cpus: int, object_store_mb: int = 1024) -> dict:
         state["processes"].append(_record(proc, "ray-head"))
         _write_private(state_dir / "state.json", json.dumps(state, indent=2))
         _wait_for_port(gcs_port, proc, "the Ray head node", log)
-        deadline = time.monotonic() + 90
-        while _alive_nodes(address, env) < 1:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Ray node did not come up; see {log}")
-            time.sleep(0.5)
+        _wait_for_nodes(address, env, 1, proc, f"the Ray node did not come up; see {log}", poll_s=0.5)
     except BaseException:
         down(state_dir, state_dir / "cluster.env", quiet=True)
         raise
@@ -542,11 +550,8 @@ def add_node(state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "clust
     state["processes"].append(_record(proc, name))
     _write_private(state_file, json.dumps(state, indent=2))
     expected = sum(1 for r in state["processes"] if r["name"].startswith("ray-") and _running(r))
-    deadline = time.monotonic() + 90
-    while _alive_nodes(config["address"], env) < expected:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{name} did not join; see {state_dir / 'logs' / (name + '.log')}")
-        time.sleep(1)
+    failure = f"{name} did not join; see {state_dir / 'logs' / (name + '.log')}"
+    _wait_for_nodes(config["address"], env, expected, proc, failure, poll_s=1)
     return name
 
 
