@@ -74,9 +74,8 @@ def test_glue_and_dolly_run_on_cuda(results):
 @pytest.mark.timeout(420)
 def test_compiled_layers_beat_the_notebooks_eager_step_and_the_profile_adds_up(tmp_path):
     command = [sys.executable, "ci/gpu/llama_step.py", "--out", str(tmp_path), "--budget", "250"]
-    subprocess.run(
-        command, cwd=REPO, check=True, timeout=400
-    )  # the script puts ci/gpu and the repo on its path
+    # The script puts ci/gpu and the repo on its own path.
+    subprocess.run(command, cwd=REPO, check=True, timeout=400)
     variants = json.loads((tmp_path / "llama_step.json").read_text())["variants"]
     notebook, compiled = variants[0], variants[1]
     assert "error" not in notebook and "error" not in compiled, (notebook, compiled)
