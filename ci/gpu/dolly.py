@@ -12,6 +12,8 @@ nothing, so the generated texts are short). On one GPU FSDP runs as NO_SHARD (wo
 
     python ci/gpu/dolly.py --out DIR            # on a CUDA GPU: DIR/dolly_lightning_fsdp.json
     python ci/gpu/dolly.py --smoke --out DIR    # on CPU: a 2-layer model, the same code paths
+    python ci/gpu/dolly.py --only "16-mixed, CPU offload on" --out DIR  # that run alone, no generation:
+                                                # DIR/dolly_lightning_fsdp_16_mixed_cpu_offload_on.json
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -155,6 +158,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--budget", type=float, default=190.0, help="seconds: later runs are cut or skipped")
+    parser.add_argument("--only", help='one run, by its label ("16-mixed, CPU offload on"); no generation')
     args = parser.parse_args()
     started = time.time()
     os.chdir(REPO)  # Ray adds the driver's directory to its workers' path: `helpers` imports there
@@ -175,6 +179,11 @@ def main() -> None:
     configs = [("bf16-mixed", False), ("16-mixed", False), ("bf16-mixed", True), ("16-mixed", True)]
     if not cuda:  # no fp16 autocast on CPUs here, and FSDP's CPU offload pins memory: it needs an accelerator
         configs = [("bf16-mixed", False), ("32-true", False)]
+    if args.only:
+        configs = [c for c in configs if f"{c[0]}, CPU offload {'on' if c[1] else 'off'}" == args.only]
+        if not configs:
+            parser.error(f"--only {args.only!r}: no such run")
+    stem = NOTEBOOK + ("_" + "_".join(re.findall("[a-z0-9]+", args.only.lower())) if args.only else "")
     p = {**parameter_defaults(NOTEBOOK), "NUM_WORKERS": 1, "USE_GPU": True, "CLUSTER": {"p5.48xlarge": 1}}
     p.update(MODEL_NAME=str(work / "model"), MAX_SEQ_LEN=seq, BATCH_SIZE_PER_WORKER=batch)
     lesson = lesson_namespace(NOTEBOOK, {**p, "USE_GPU": cuda})  # make_fsdp_strategy (train_func: unused)
@@ -234,11 +243,11 @@ def main() -> None:
         runs.append(
             attempt(dict(label=label, precision=precision, cpu_offload=offload, parameters=parameters), train)
         )
-        if checkpoints and not any(r["label"] == "generation" for r in runs):
+        if checkpoints and not args.only and not any(r["label"] == "generation" for r in runs):
             runs.append(attempt({"label": "generation", "prompts": PROMPTS, "num_gpus": int(cuda)}, generate))
         header["total_seconds"] = time.time() - started
         write_result(
-            Path(args.out) / f"{NOTEBOOK}.json", dict(environment=environment(), config=header, runs=runs)
+            Path(args.out) / f"{stem}.json", dict(environment=environment(), config=header, runs=runs)
         )
     ray.shutdown()
     shutil.rmtree(work, ignore_errors=True)  # the model and the run's files: the results are in --out

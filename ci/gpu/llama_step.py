@@ -17,6 +17,7 @@ step the GPU had no kernel running.
     python ci/gpu/llama_step.py --out DIR              # on a CUDA GPU: DIR/llama_step.json, DIR/llama_step_*.txt
     python ci/gpu/llama_step.py --variants further ... # toward the bar: DIR/llama_step_further.json
     python ci/gpu/llama_step.py --variants fused ...   # the optimizer fused: DIR/llama_step_fused.json
+    python ci/gpu/llama_step.py --variants bar ...     # the fastest, fused, from a fresh process: DIR/llama_step_bar.json
     python ci/gpu/llama_step.py --smoke --out DIR      # on CPU: a tiny model, the same code paths
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import re
 import shutil
 import sys
@@ -65,7 +67,14 @@ FUSED = [  # `--variants fused`: the optimizer as one fused kernel (AdamW(fused=
     FURTHER[3],
     *(v._replace(label=v.label + ", fused AdamW", fused=True) for v in (FURTHER[3], VARIANTS[0])),
 ]
-SETS = {"study": VARIANTS, "further": FURTHER, "fused": FUSED}
+BAR = [  # `--variants bar`: the notebook's, then the fastest with AdamW fused from its first step (run it with
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: without, it ran out of memory in a fresh process with
+    # 5.6 GiB reserved but unused), then a variant that leaves more memory free
+    VARIANTS[0],
+    FUSED[1],
+    FURTHER[2]._replace(label=FURTHER[2].label + ", fused AdamW", fused=True),
+]
+SETS = {"study": VARIANTS, "further": FURTHER, "fused": FUSED, "bar": BAR}
 KINDS = [  # kernel name -> kind, first match wins
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
     ("matrix products", r"gemm|cutlass|xmma|nvjet|cublas|matmul|sm90_|sm80_|wgmma"),
@@ -183,6 +192,7 @@ def main() -> None:
         "seq_len": config["seq_len"],
         "global_batch": config["global_batch"],
         "peak_flops_per_gpu": peak_flops,
+        "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "method": __doc__,
         "variants": [],
     }

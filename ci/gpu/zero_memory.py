@@ -1,16 +1,26 @@
-"""Where a ZeRO step's peak tensor memory sits, by phase, on CPU: the GPT-2 notebook's own DeepSpeed engine.
+"""Where a ZeRO step's peak tensor memory sits, by phase: the GPT-2 notebook's own DeepSpeed engine.
 
-    python ci/gpu/zero_memory.py STAGE        # 1, 2 or 3; GPT-2 124M (random weights), 512 tokens, bf16
+    python ci/gpu/zero_memory.py STAGE [--offload OFFLOAD] [--out DIR]   # GPT-2 124M (random weights), 512 tokens
 
-`torch.profiler`'s memory events (`profile_memory=True`) record every tensor allocation and free, so their
-running sum is the memory tensors hold; the peak is printed per phase (engine set-up, forward, backward,
-optimizer step) of two steps. The optimizer is the notebook's torch AdamW, set to its GPU behaviour
-(`foreach`: on CPU torch would pick the for-loop). On 2026-11-26 these peaks matched the H200's
+On CPU, `torch.profiler`'s memory events (`profile_memory=True`) record every tensor allocation and free, so
+their running sum is the memory tensors hold; the peak is printed per phase (engine set-up, forward,
+backward, optimizer step) of two steps. The optimizer is the notebook's torch AdamW, set to its GPU
+behaviour (`foreach`: on CPU torch would pick the for-loop). On 2026-11-26 these peaks matched the H200's
 `max_memory_allocated` (ci/gpu/results/gpt2_deepspeed.json) within 2.5 %, at the step, and gave the plan's
 ZeRO terms (helpers/plan.py).
+
+On a CUDA GPU (NCCL, one rank) the phases' peaks are CUDA's own (`max_memory_allocated`, reset before each
+phase) over three steps, which is how an offloaded run is seen: its optimizer step runs on the CPU, so the
+CPU profile cannot show what stays on the GPU. With `--out` the allocator's history
+(`torch.cuda.memory._record_memory_history`, Python stacks) is saved as DIR/zero<STAGE>_<offload>.pickle.gz
+beside DIR/zero<STAGE>_<offload>.json (the phases, and the notebook's plan for the same parameters), and
+the tensors alive at the peak are listed by where they were allocated.
 """
 
+import argparse
+import gzip
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -21,12 +31,51 @@ sys.path[:0] = [str(REPO), str(REPO / "ci" / "gpu")]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
 
-def main(stage: int) -> None:
+def live_at_peak(snapshot: dict, top: int = 15) -> dict:
+    """From an allocator history: the peak of allocated bytes, and the blocks alive then, summed by the
+    innermost frame of this repo's, DeepSpeed's, transformers' or torch's Python code that allocated them."""
+    trace = [e for device in snapshot["device_traces"] for e in device]
+    live, total, peak, at_peak = {}, 0, 0, {}
+    for event in trace:
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+            total += event["size"]
+        elif event["action"] == "free_completed" and event["addr"] in live:
+            total -= live.pop(event["addr"])["size"]
+        if total > peak:
+            peak, at_peak = total, dict(live)
+
+    def where(event: dict) -> str:  # the innermost frame of DeepSpeed, transformers or the lesson, else any
+        frames = event.get("frames", [])
+        ours = [
+            f for f in frames if any(k in f["filename"] for k in ("deepspeed", "transformers", "ipython"))
+        ]
+        for frame in ours[:1] or frames[:1]:
+            return f"{frame['filename'].split('site-packages/')[-1]}:{frame['line']} {frame['name']}"
+        return "(no Python frame)"
+
+    by_site: dict = {}
+    for event in at_peak.values():
+        site = where(event)
+        count, size = by_site.get(site, (0, 0))
+        by_site[site] = (count + 1, size + event["size"])
+    ranked = sorted(by_site.items(), key=lambda kv: -kv[1][1])[:top]
+    return {
+        "peak_bytes": peak,
+        "blocks_at_peak": len(at_peak),
+        "at_peak_by_site": [{"site": s, "blocks": c, "bytes": b} for s, (c, b) in ranked],
+    }
+
+
+def main(stage: int, offload: str, out: str | None) -> None:
     import torch
-    from common import lesson_cells, lesson_namespace
+    from common import environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
     from torch.profiler import ProfilerActivity, profile, record_function
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    import helpers.checks
+
+    cuda = torch.cuda.is_available()
     folder = tempfile.mkdtemp(prefix="zero-memory-")
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config()).save_pretrained(folder)
@@ -36,11 +85,60 @@ def main(stage: int) -> None:
     ]
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    ids = torch.randint(0, 50257, (1, 512))
+    if cuda:
+        torch.cuda.set_device(0)
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    ids = torch.randint(0, 50257, (1, 512), device="cuda" if cuda else "cpu")
+    ds_config = make_ds_config(stage, "bf16", 1, offload)
+    name = f"zero{stage}_{offload.replace('+', '_')}"
+    print(f"ZeRO-{stage}, offload {offload}, GPT-2 124M, 512 tokens, bf16: tensor memory in GB", flush=True)
+    if cuda:
+        if out:
+            torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
+        phases = {}
+
+        def phase(label, fn):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            result = fn()
+            torch.cuda.synchronize()
+            phases[label] = {
+                "peak_allocated": torch.cuda.max_memory_allocated(),
+                "allocated_at_end": torch.cuda.memory_allocated(),
+                "peak_reserved": torch.cuda.max_memory_reserved(),
+            }
+            print(f"  {label:11} peak {phases[label]['peak_allocated'] / 1e9:6.3f}   "
+                  f"at its end {phases[label]['allocated_at_end'] / 1e9:6.3f}", flush=True)  # fmt: skip
+            return result
+
+        engine = phase("set-up", lambda: ns["setup_model_and_optimizer"](folder, 1e-6, ds_config))
+        for i in range(3):
+            loss = phase(f"forward {i}", lambda: engine(input_ids=ids, labels=ids).loss)
+            phase(f"backward {i}", lambda loss=loss: engine.backward(loss))
+            phase(f"step {i}", engine.step)
+            del loss
+        if not out:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with gzip.open(Path(out) / f"{name}.pickle.gz", "wb") as f:
+            pickle.dump(snapshot, f)
+        p = {**parameter_defaults("gpt2_deepspeed"), "NUM_WORKERS": 1, "USE_GPU": True}
+        p.update(ZERO_STAGE=stage, OFFLOAD=offload, CLUSTER={"p5.48xlarge": 1}, BATCH_SIZE_PER_WORKER=1)
+        p.update(MODEL_NAME=folder, MAX_SEQ_LEN=512, PRECISION="bf16")
+        plan = helpers.checks.plan_for("gpt2_deepspeed", p).as_dict()
+        shutil.rmtree(folder, ignore_errors=True)
+        result = dict(environment=environment(), ds_config=ds_config, phases=phases, plan=plan)
+        result.update(live_at_peak(snapshot), method=__doc__)
+        write_result(Path(out) / f"{name}.json", result)
+        for row in result["at_peak_by_site"]:
+            print(f"  {row['bytes'] / 1e6:8.1f} MB in {row['blocks']:4} blocks: {row['site']}")
+        return
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with record_function("set-up"):
-            engine = ns["setup_model_and_optimizer"](folder, 1e-6, make_ds_config(stage, "bf16", 1, "none"))
+            engine = ns["setup_model_and_optimizer"](folder, 1e-6, ds_config)
             for group in engine.optimizer.optimizer.param_groups:
                 group["foreach"] = True  # what torch picks on a GPU
         for i in range(2):
@@ -68,10 +166,14 @@ def main(stage: int) -> None:
                 peak[name] = max(peak.get(name, 0), total)
             if t <= stop:
                 end[name] = total
-    print(f"ZeRO-{stage}, GPT-2 124M, 512 tokens, bf16: tensor memory in GB")
     for _, _, name in phases:
         print(f"  {name:11} peak {peak.get(name, 0) / 1e9:6.3f}   at its end {end.get(name, 0) / 1e9:6.3f}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("stage", type=int, choices=(1, 2, 3))
+    parser.add_argument("--offload", default="none", choices=("none", "optimizer", "optimizer+params"))
+    parser.add_argument("--out", help="on a GPU: where the allocator's history and the phases go")
+    args = parser.parse_args()
+    main(args.stage, args.offload, args.out)
