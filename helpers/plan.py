@@ -28,8 +28,12 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
 - Activations per layer: b s h (34 + 5 a s / h) bytes in 16-bit (Korthikanti et al. 2022, "Reducing
   activation recomputation in large transformer models"); without the attention-scores term for
   sdpa/FlashAttention, which never store them. With activation checkpointing only each layer's
-  input (2 b s h bytes) is kept, plus one layer's activations during its recomputation. The logits
-  add b s V (2 + 4 + 4) bytes (16-bit logits, their fp32 copy for the loss, its gradient).
+  input (2 b s h bytes) is kept, plus one layer's activations during its recomputation, which comes
+  after the loss's backward pass has freed the logits' gradients: the larger of the two counts. GPT-2's
+  `gelu_new`, a chain of eager operations, keeps three more tensors of the MLP's width per layer. The
+  logits add b s V 12 bytes at the loss's backward: the fp32 log-probabilities it saved, their gradient
+  and the logits' gradient (CUDA's allocator history on an H100, for GPT-2 and for Llama with LoRA; the
+  16-bit logits and their fp32 copy are freed by then).
 - The optimizer step runs after the backward pass has freed the activations: torch's default
   ("foreach") AdamW allocates a temporary the size of the weights it updates (4 P / N), the for-loop
   one (`foreach=False`) only one tensor's worth. The per-GPU peak is the larger of the two phases.
@@ -40,6 +44,10 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
   (4 P / N, which DeepSpeed's estimator counts throughout) and torch's default AdamW temporary
   (4 P / N); ZeRO-3 keeps its 16-bit gradient partition (2 P / N) too. The peak is the larger of the
   backward pass and the step (measured on an H200, and tensor by tensor with the profiler on CPU).
+  ZeRO-3 with the weights offloaded (`offload_param`) copies them to the GPU as layers run, and from the
+  second step on the copies stayed there through the backward pass: the whole 16-bit model, 2 P bytes
+  (CUDA's allocator history on an H100, GPT-2 124M on one GPU: 249 MB of 1.01 GB at the peak, which is
+  in the backward pass: the step runs on the CPU).
 - A CUDA context (1 GiB), NCCL's buffers (0.5 GiB), and 2 % of the rest for the caching allocator's
   fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.cluster.start_ray`
   sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
@@ -152,6 +160,7 @@ class _ModelSize:
     hidden: int
     heads: int
     vocab: int
+    mlp_extra: int = 0  # elements per token a layer's activation function keeps beyond its input
 
 
 @functools.lru_cache(maxsize=16)
@@ -174,7 +183,19 @@ def _size_of(config_json: str) -> _ModelSize:
         hidden=config.get_text_config().hidden_size,
         heads=config.get_text_config().num_attention_heads,
         vocab=config.get_text_config().vocab_size,
+        mlp_extra=_mlp_extra(config.get_text_config()),
     )
+
+
+def _mlp_extra(config) -> int:
+    """GPT-2's `gelu_new` is a chain of eager torch operations (transformers' NewGELUActivation): its backward
+    keeps four tensors of the MLP's width, not the one of a fused GELU (its input); three more per token.
+    Measured on an H100 (ci/gpu/results/zero3_offload_h100.json: 48 tensors of 3.1 MB for 12 layers)."""
+    act = getattr(config, "activation_function", None) or getattr(config, "hidden_act", None)
+    if act != "gelu_new":
+        return 0
+    width = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+    return 3 * (width or 4 * config.hidden_size)
 
 
 def model_size(config) -> _ModelSize:
@@ -305,12 +326,15 @@ class Plan:
         print("It fits: " + "; ".join(f"{r.what} {r.share:.0%} ({r.status})" for r in compared))
 
 
-def _activations(size: _ModelSize, batch: int, seq: int, act_bytes: int, checkpointing: bool) -> int:
+def _activations(
+    size: _ModelSize, batch: int, seq: int, act_bytes: int, checkpointing: bool
+) -> tuple[int, int]:
+    """(the activations the forward pass keeps, those of the one layer being recomputed), bytes."""
     per_layer = batch * seq * size.hidden * 34 * act_bytes // 2  # sdpa/flash: no stored attention scores
+    per_layer += batch * seq * size.mlp_extra * act_bytes  # GPT-2's eager GELU: _mlp_extra
     if checkpointing:
-        kept = size.num_layers * batch * seq * size.hidden * act_bytes  # each layer's input
-        return kept + per_layer  # plus the layer being recomputed
-    return size.num_layers * per_layer
+        return size.num_layers * batch * seq * size.hidden * act_bytes, per_layer  # each layer's input
+    return size.num_layers * per_layer, 0
 
 
 def _zero_model_states(size: _ModelSize, stage: int, gpus_per_node: int, nodes: int, offload: str):
@@ -404,15 +428,18 @@ def plan_training(
     if lora:
         details["lora_params"] = lora.params
     act_bytes = 2 if run.on_gpu else 4
-    activations = _activations(size, batch_size, seq_len, act_bytes, activation_checkpointing)
-    logits = batch_size * seq_len * size.vocab * (2 + 4 + 4)
+    kept, recomputed = _activations(size, batch_size, seq_len, act_bytes, activation_checkpointing)
+    activations = kept + recomputed
+    logits = batch_size * seq_len * size.vocab * 12  # the loss's fp32 log-probabilities and two gradients
+    # The loss's backward frees the logits' gradients before the first layer is recomputed.
+    backward_peak = kept + max(recomputed, logits)
     if sharding == "fsdp":
         device, host, model_terms = _fsdp_device(
-            run, activations + logits, gather_bytes, reduce_bytes, offload, foreach_optimizer,
+            run, backward_peak, gather_bytes, reduce_bytes, offload, foreach_optimizer,
             separate_embeddings, no_shard_alone, details,
         )  # fmt: skip
     else:
-        device, host, model_terms = _zero_device(run, int(sharding.removeprefix("zero")), activations + logits,
+        device, host, model_terms = _zero_device(run, int(sharding.removeprefix("zero")), backward_peak,
                                                  gather_bytes, offload, details)  # fmt: skip
     if run.on_gpu:
         reserve = int(device * ALLOCATOR_RESERVE) + CUDA_OVERHEAD + NCCL_BUFFERS
@@ -546,7 +573,10 @@ def _zero_device(
         states, cpu = 18 * p, 0
     else:
         states, cpu = _zero_model_states(run.size, stage, max(run.per_node, 1), run.nodes, offload)
-    buckets = 0
+    buckets, kept = 0, 0
+    if stage == 3 and offload == "optimizer+params":  # the weights' GPU copies, kept through the backward
+        kept = (2 if gather_bytes == 2 else 4) * p
+        details["gathered_weights_bytes"] = kept
     if stage in (1, 2):  # the gradient reduction buckets, two with overlap_comm (the notebook's): backward
         buckets = 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
     elif stage == 3:  # stage 3 allocates one (its "IPG" buffer, contiguous_gradients), offloaded or not
@@ -571,8 +601,9 @@ def _zero_device(
         return states + max(backward, fp32_grads + step), 0, terms
     states += buckets
     terms = f"ZeRO-{stage} model states and buffers {_gb(states)} (DeepSpeed's estimator)"
+    terms += f" + the weights' GPU copies {_gb(kept)}" if kept else ""
     terms += f" + activations and logits {_gb(activations_and_logits)}"
-    return states + activations_and_logits, cpu if offload != "none" else 0, terms
+    return states + kept + activations_and_logits, cpu if offload != "none" else 0, terms
 
 
 def _host_and_disk_bytes(

@@ -54,10 +54,7 @@ def test_the_plan_is_within_10_percent_of_what_torch_allocated(results):
         for r in plan_rows(results)
         if r["notebook"] in ("llama_fsdp", "dolly_lightning_fsdp", "gpt2_deepspeed")
     ]
-    rows = [
-        r for r in rows if "offload=optimizer+params" not in r["run"]
-    ]  # 0.4 GiB under: open (docs/gpu.md)
-    assert rows
+    assert any("offload=optimizer+params" in r["run"] for r in rows)  # ZeRO-3 with offload too
     for row in rows:
         assert abs(row["allocated_error"]) < 0.10, row
 

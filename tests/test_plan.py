@@ -142,10 +142,10 @@ def test_llama_fits_only_with_the_for_loop_adamw():
     # Of the 79.2 GiB torch sees on an A100-80GB, not 80.
     assert _row(plan, "training").have == int(79.2 * 2**30)
     # Averaging gradients in fp32 (a layer's gradients held in bf16 and fp32 at once), or the embeddings
-    # and head left in the root unit (gathered, and their gradients whole, all step), each tip it over.
-    for tipped in (_llama(reduce_bytes=4), _llama(separate_embeddings=False)):
-        with pytest.raises(hp.ParameterError, match="does not fit"):
-            tipped.check()
+    # and head left in the root unit (gathered, and their gradients whole, all step), each take the last
+    # 1.5 GB of the 2 GB to spare: over 99 %, nothing left for an estimate's error.
+    for edge in (_llama(reduce_bytes=4), _llama(separate_embeddings=False)):
+        assert 0.99 < _row(edge, "training").share <= 1.0
     # torch's default foreach AdamW adds a 4 P / N temporary at the optimizer step: 17 GB more.
     foreach = _llama(foreach_optimizer=True)
     assert foreach.details["optimizer_step_temporary_bytes"] == pytest.approx(4 * 68.98e9 / 16, rel=0.01)
@@ -222,7 +222,7 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
         "llama_fsdp", smoke, {"1 worker": {"NUM_WORKERS": 1}, "{NUM_WORKERS} workers": {}}
     )
     gpu = table.loc["training (A100-80GB GPU) (per GPU)"]
-    assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "83.5 GB (98%, close)"
+    assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "83.0 GB (98%, close)"
     monkeypatch.setattr(helpers.smoke, "_replaced_defaults", {})  # not a smoke run
     zero = helpers.checks.compare_plans(
         "gpt2_deepspeed",
@@ -270,7 +270,7 @@ def test_llama_70b_lora_fits_one_node_where_full_fine_tuning_does_not():
     # gate, up and down, in each of the 80 layers.
     per_layer = 2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672)
     assert lora.details["lora_params"] == 16 * 80 * per_layer == 207_093_760
-    # The frozen bf16 base, 2 B x 69e9 / 8 = 17.2 GB, is most of the 27.7 GB per GPU (33 % of 79.2 GiB).
+    # The frozen bf16 base, 2 B x 69e9 / 8 = 17.2 GB, is most of the 27.2 GB per GPU (32 % of 79.2 GiB).
     assert lora.details["param_bytes_per_rank"] == (2 * lora.details["params"] + 4 * 207_093_760) // 8
     assert _row(lora, "training").share == pytest.approx(0.33, abs=0.02)
     # Rank 0 loads the base in bf16 (and the mapped bf16 checkpoint): 4 B x params, not 6.
@@ -370,13 +370,13 @@ def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fi
 def test_the_plan_agrees_with_the_peaks_measured_on_gpus():
     # ci/gpu/results: torch's max_memory_allocated on an H200 and an H100, one worker each. The plan is made
     # again for each run's configuration with today's code (ci/gpu/summary.py), so a change to a term that
-    # the GPUs contradict fails here, on CPU. Open: ZeRO-3 with the optimizer and weights offloaded (0.4 GiB
-    # under at 124M parameters; its step runs on the CPU).
+    # the GPUs contradict fails here, on CPU: ZeRO-3 with the optimizer and weights offloaded too, since the
+    # plan counts the weights' GPU copies, GPT-2's eager GELU and the loss's backward (allocator histories).
     gpu = Path(__file__).resolve().parents[1] / "ci" / "gpu"
     sys.path.insert(0, str(gpu))
     from summary import plan_rows
 
-    rows = [r for r in plan_rows(gpu / "results") if "offload=optimizer+params" not in r["run"]]
-    assert len(rows) >= 10
+    rows = plan_rows(gpu / "results")
+    assert len(rows) >= 14 and any("offload=optimizer+params" in r["run"] for r in rows)
     worst = max(rows, key=lambda r: abs(r["allocated_error"]))
-    assert abs(worst["allocated_error"]) < 0.10, worst  # 7.4 % (LoRA r=16, the plan above)
+    assert abs(worst["allocated_error"]) < 0.10, worst  # 6.8 % (Dolly with CPU offload)

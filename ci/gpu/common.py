@@ -103,5 +103,43 @@ def write_result(path: str | os.PathLike, result: dict) -> None:
     print(f"wrote {path}", flush=True)
 
 
+def live_at_peak(snapshot: dict, top: int = 15) -> dict:
+    """From CUDA's allocator history (`torch.cuda.memory._snapshot()` after `_record_memory_history`, started
+    before anything was allocated): the peak of allocated bytes, and the blocks alive then, summed by the
+    two innermost frames outside torch (FSDP's own code counts as outside) that allocated them."""
+    trace = [e for device in snapshot["device_traces"] for e in device]
+    live, total, peak, at_peak = {}, 0, 0, {}
+    for event in trace:
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+            total += event["size"]
+        elif event["action"] == "free_completed" and event["addr"] in live:
+            total -= live.pop(event["addr"])["size"]
+        if total > peak:
+            peak, at_peak = total, dict(live)
+
+    def where(event: dict) -> str:
+        frames = event.get("frames", [])
+        ours = [f for f in frames if "/torch/" not in f["filename"] or "/fsdp/" in f["filename"]]
+        if not frames:
+            return "(no Python frame: autograd's backward)"
+        return " <- ".join(
+            f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}"
+            for f in (ours or frames)[:2]
+        )
+
+    by_site: dict = {}
+    for event in at_peak.values():
+        site = where(event)
+        count, size = by_site.get(site, (0, 0))
+        by_site[site] = (count + 1, size + event["size"])
+    ranked = sorted(by_site.items(), key=lambda kv: -kv[1][1])[:top]
+    return {
+        "peak_bytes": peak,
+        "blocks_at_peak": len(at_peak),
+        "at_peak_by_site": [{"site": s, "blocks": c, "bytes": b} for s, (c, b) in ranked],
+    }
+
+
 def now() -> float:
     return time.time()

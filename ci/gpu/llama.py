@@ -9,6 +9,7 @@ notebook's "will it fit?" plan for the same configuration.
 
     python ci/gpu/llama.py --out DIR                 # on a CUDA GPU: the runs below, DIR/llama_fsdp.json
     python ci/gpu/llama.py --smoke --out DIR         # on CPU: a tiny model, the same code paths
+    python ci/gpu/llama.py --only LoRA --memory-history --out DIR   # 3 steps; the tensors alive at the peak
 
 Runs: through Ray Train with and without activation checkpointing; the same training function under
 `torchrun` (what Ray costs: seconds per step and launch-to-first-step); LoRA r=16 through Ray Train.
@@ -17,8 +18,11 @@ Runs: through Ray Train with and without activation checkpointing; the same trai
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +32,7 @@ import traceback
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import REPO, environment, lesson_namespace, write_result  # noqa: E402
+from common import REPO, environment, lesson_namespace, live_at_peak, write_result  # noqa: E402
 
 # A Llama 2 architecture at 3.4B (head_dim 128 as in Llama 2): 16 bytes per parameter fit an 80 GB GPU.
 FULL = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24)
@@ -66,6 +70,9 @@ def train(config: dict) -> dict:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    history = cuda and config.get("memory_history")  # CUDA's allocator history, from before the loading
+    if history:
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     params = {"LORA_RANK": config["lora_rank"], "LORA_ALPHA": config["lora_rank"]}
     lesson = lesson_namespace(config["notebook"], params)
     helpers = lesson["helpers"]
@@ -109,6 +116,12 @@ def train(config: dict) -> dict:
             "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
             "device_total_gib": torch.cuda.get_device_properties(device).total_memory / 2**30,
         }
+    if history:  # the tensors alive at the peak, by where they were allocated; the history itself
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        with gzip.open(history, "wb") as f:
+            pickle.dump(snapshot, f)
+        peak["memory_at_peak"] = live_at_peak(snapshot)
     # The FLOPs of one micro-step (forward and backward, the recomputed forward included) as counted.
     counted = None
     try:
@@ -230,6 +243,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--worker")  # torchrun's process: the config as JSON
     parser.add_argument("--only", help="run only the runs whose label contains this, e.g. LoRA")
+    parser.add_argument(
+        "--memory-history", action="store_true", help="3 steps, CUDA's allocator history: OUT/<run>.pickle.gz"
+    )
     args = parser.parse_args()
     if args.worker:
         train(json.loads(args.worker))
@@ -285,6 +301,9 @@ def main() -> None:
         config["result_file"] = str(work / f"result-{len(results)}.json")
         if config.pop("save", False):
             config["save_to"] = str(work / f"checkpoint-{len(results)}")
+        if args.memory_history:
+            slug = "_".join(re.findall("[a-z0-9]+", label.lower()))
+            config.update(max_steps=3, memory_history=str(out.resolve() / f"memory_{slug}.pickle.gz"))
         entry = {"label": label}
         try:
             entry["plan"] = plan_figures(notebook, config)

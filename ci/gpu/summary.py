@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from helpers.plan import ALLOCATOR_RESERVE, CUDA_OVERHEAD, NCCL_BUFFERS  # noqa: E402
 
 GiB = 2**30
+NOTEBOOKS = ("llama_fsdp", "dolly_lightning_fsdp", "gpt2_deepspeed", "glue_text_classification")
 
 
 def _model_folder(notebook: str, result: dict, folder: str) -> str:
@@ -72,7 +73,8 @@ def plan_rows(folder: Path) -> list[dict]:
         runs = [r for r in result.get("runs", []) if "max_memory_reserved_gib" in r and r.get("plan")]
         if not runs:  # llama_step*.json: variants of one step, no plan
             continue
-        kind = "llama_fsdp" if path.stem.startswith("llama") else path.stem  # llama_lora_h100.json too
+        # <notebook>[_<gpu>].json; llama_lora_h100.json is the Llama notebook's LoRA run
+        kind = next(k for k in NOTEBOOKS if path.stem.startswith(k.split("_")[0]))
         with tempfile.TemporaryDirectory(prefix="gpu-plan-") as model:
             plans = [replan(kind, result, run, _model_folder(kind, result, model)) for run in runs]
         for run, plan in zip(runs, plans, strict=True):

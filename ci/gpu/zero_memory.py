@@ -1,6 +1,11 @@
 """Where a ZeRO step's peak tensor memory sits, by phase: the GPT-2 notebook's own DeepSpeed engine.
 
-    python ci/gpu/zero_memory.py STAGE [--offload OFFLOAD] [--out DIR]   # GPT-2 124M (random weights), 512 tokens
+    python ci/gpu/zero_memory.py STAGE [--offload OFFLOAD] [--out DIR] [--zero KEY=INT ...]
+    torchrun --nproc-per-node 2 ci/gpu/zero_memory.py 3    # two ranks (on CPU: gloo)
+
+GPT-2 124M (random weights), 512 tokens, bf16. `--zero` sets `zero_optimization` keys over the notebook's
+config (`stage3_prefetch_bucket_size=0`, ...). The forward pass keeps transformers' default `use_cache`
+(the notebook turns it off): its KV cache was 19 MB of the 1.01 GB peak on the H100.
 
 On CPU, `torch.profiler`'s memory events (`profile_memory=True`) record every tensor allocation and free, so
 their running sum is the memory tensors hold; the peak is printed per phase (engine set-up, forward,
@@ -28,48 +33,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "ci" / "gpu")]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+for var, value in dict(
+    MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+).items():
+    os.environ.setdefault(var, value)  # one rank, unless torchrun started this
 
 
-def live_at_peak(snapshot: dict, top: int = 15) -> dict:
-    """From an allocator history: the peak of allocated bytes, and the blocks alive then, summed by the
-    innermost frame of this repo's, DeepSpeed's, transformers' or torch's Python code that allocated them."""
-    trace = [e for device in snapshot["device_traces"] for e in device]
-    live, total, peak, at_peak = {}, 0, 0, {}
-    for event in trace:
-        if event["action"] == "alloc":
-            live[event["addr"]] = event
-            total += event["size"]
-        elif event["action"] == "free_completed" and event["addr"] in live:
-            total -= live.pop(event["addr"])["size"]
-        if total > peak:
-            peak, at_peak = total, dict(live)
-
-    def where(event: dict) -> str:  # the innermost frame of DeepSpeed, transformers or the lesson, else any
-        frames = event.get("frames", [])
-        ours = [
-            f for f in frames if any(k in f["filename"] for k in ("deepspeed", "transformers", "ipython"))
-        ]
-        for frame in ours[:1] or frames[:1]:
-            return f"{frame['filename'].split('site-packages/')[-1]}:{frame['line']} {frame['name']}"
-        return "(no Python frame)"
-
-    by_site: dict = {}
-    for event in at_peak.values():
-        site = where(event)
-        count, size = by_site.get(site, (0, 0))
-        by_site[site] = (count + 1, size + event["size"])
-    ranked = sorted(by_site.items(), key=lambda kv: -kv[1][1])[:top]
-    return {
-        "peak_bytes": peak,
-        "blocks_at_peak": len(at_peak),
-        "at_peak_by_site": [{"site": s, "blocks": c, "bytes": b} for s, (c, b) in ranked],
-    }
-
-
-def main(stage: int, offload: str, out: str | None) -> None:
+def main(stage: int, offload: str, out: str | None, zero: dict | None = None) -> None:
     import torch
-    from common import environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
+    from common import (
+        environment,
+        lesson_cells,
+        lesson_namespace,
+        live_at_peak,
+        parameter_defaults,
+        write_result,
+    )
     from torch.profiler import ProfilerActivity, profile, record_function
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -90,6 +69,7 @@ def main(stage: int, offload: str, out: str | None) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     ids = torch.randint(0, 50257, (1, 512), device="cuda" if cuda else "cpu")
     ds_config = make_ds_config(stage, "bf16", 1, offload)
+    ds_config["zero_optimization"].update(zero or {})  # e.g. stage3_prefetch_bucket_size=0
     name = f"zero{stage}_{offload.replace('+', '_')}"
     print(f"ZeRO-{stage}, offload {offload}, GPT-2 124M, 512 tokens, bf16: tensor memory in GB", flush=True)
     if cuda:
@@ -175,5 +155,8 @@ if __name__ == "__main__":
     parser.add_argument("stage", type=int, choices=(1, 2, 3))
     parser.add_argument("--offload", default="none", choices=("none", "optimizer", "optimizer+params"))
     parser.add_argument("--out", help="on a GPU: where the allocator's history and the phases go")
+    parser.add_argument(
+        "--zero", nargs="*", default=[], help="KEY=INT: zero_optimization settings over the notebook's"
+    )
     args = parser.parse_args()
-    main(args.stage, args.offload, args.out)
+    main(args.stage, args.offload, args.out, {k: int(v) for k, v in (kv.split("=") for kv in args.zero)})
