@@ -100,8 +100,8 @@ def test_full_scale_dolly_fits_and_without_offload_is_closer():
     offloaded, on_gpu = _dolly(), _dolly(offload="none")
     offloaded.check()
     assert _row(offloaded, "training").share == pytest.approx(0.39, abs=0.02)
-    # Without offload the shards (16 x 6.86e9 / 16 = 6.9 GB) go on the T4: about 84 % by this estimate.
-    assert _row(on_gpu, "training").share == pytest.approx(0.84, abs=0.03)
+    # Without offload the shards (16 x 6.86e9 / 16 = 6.9 GB) go on the T4: about 83 % by this estimate.
+    assert _row(on_gpu, "training").share == pytest.approx(0.83, abs=0.03)
     # Rank 0 can land on a 64 GiB g4dn.4xlarge: loading the fp32 model there is 27 GB.
     assert _row(offloaded, "host RAM while loading").have == 64 * 2**30
 
