@@ -66,15 +66,38 @@ def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
     return helpers.checks.plan_for(notebook, p).as_dict()
 
 
+def _zero_memory_as_run(result: dict) -> dict:
+    """zero_memory.py's result as gpt2.py's: the peaks after the engine's set-up (gpt2.py resets them there)."""
+    from common import parameter_defaults
+
+    zero = result["ds_config"]["zero_optimization"]
+    offload = "none"
+    if "offload_optimizer" in zero:
+        offload = "optimizer+params" if "offload_param" in zero else "optimizer"
+    steps = [v for k, v in result["phases"].items() if k != "set-up"]
+    run = {
+        "zero_stage": zero["stage"],
+        "offload": offload,
+        "plan": result["plan"],
+        "max_memory_allocated_gib": max(v["peak_allocated"] for v in steps) / GiB,
+        "max_memory_reserved_gib": max(v["peak_reserved"] for v in steps) / GiB,
+    }
+    parameters = {**parameter_defaults("gpt2_deepspeed"), "MAX_SEQ_LEN": 512, "BATCH_SIZE_PER_WORKER": 1}
+    return {"config": {"parameters": parameters}, "runs": [run]}
+
+
 def plan_rows(folder: Path) -> list[dict]:
     rows = []
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
+        if "phases" in result:  # zero_memory.py on a GPU: one engine in one process, its phases' peaks
+            result = _zero_memory_as_run(result)
         runs = [r for r in result.get("runs", []) if "max_memory_reserved_gib" in r and r.get("plan")]
         if not runs:  # llama_step*.json: variants of one step, no plan
             continue
         # <notebook>[_<gpu>].json; llama_lora_h100.json is the Llama notebook's LoRA run
-        kind = next(k for k in NOTEBOOKS if path.stem.startswith(k.split("_")[0]))
+        stem = "gpt2" if path.stem.startswith("zero") else path.stem  # zero_memory.py's: the GPT-2 engine
+        kind = next(k for k in NOTEBOOKS if stem.startswith(k.split("_")[0]))
         with tempfile.TemporaryDirectory(prefix="gpu-plan-") as model:
             plans = [replan(kind, result, run, _model_folder(kind, result, model)) for run in runs]
         for run, plan in zip(runs, plans, strict=True):
