@@ -573,14 +573,15 @@ def _zero_device(
         states, cpu = 18 * p, 0
     else:
         states, cpu = _zero_model_states(run.size, stage, max(run.per_node, 1), run.nodes, offload)
+    element = 2 if gather_bytes == 2 else 4  # the 16-bit weights and gradients, or fp32
     buckets, kept = 0, 0
     if stage == 3 and offload == "optimizer+params":  # the weights' GPU copies, kept through the backward
-        kept = (2 if gather_bytes == 2 else 4) * p
+        kept = element * p
         details["gathered_weights_bytes"] = kept
     if stage in (1, 2):  # the gradient reduction buckets, two with overlap_comm (the notebook's): backward
-        buckets = 2 * ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
+        buckets = 2 * ZERO_REDUCE_BUCKET * element
     elif stage == 3:  # stage 3 allocates one (its "IPG" buffer, contiguous_gradients), offloaded or not
-        states += ZERO_REDUCE_BUCKET * (2 if gather_bytes == 2 else 4)
+        states += ZERO_REDUCE_BUCKET * element
     details["param_bytes_per_rank"] = 2 * (p // n if stage == 3 else p)  # ZeRO's bf16/fp16 weights
     details["optimizer_bytes_per_rank"] = 12 * p // (n if stage else 1)  # fp32 master weights, 2 moments
     if stage and offload == "none":

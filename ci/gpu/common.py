@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -101,6 +102,11 @@ def write_result(path: str | os.PathLike, result: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"wrote {path}", flush=True)
+
+
+def slug(label: str) -> str:
+    """A label as a file name's part: "16-mixed, CPU offload on" -> "16_mixed_cpu_offload_on"."""
+    return "_".join(re.findall("[a-z0-9]+", label.lower()))
 
 
 def live_at_peak(snapshot: dict, top: int = 15) -> dict:

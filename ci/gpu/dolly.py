@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import traceback
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import REPO, environment, lesson_cells, lesson_namespace, parameter_defaults, write_result  # noqa: E402
+from common import REPO, environment, lesson_cells, lesson_namespace, parameter_defaults, slug, write_result  # noqa: E402
 
 NOTEBOOK = "dolly_lightning_fsdp"
 FULL = dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=16, intermediate_size=8192)
@@ -183,7 +182,7 @@ def main() -> None:
         configs = [c for c in configs if f"{c[0]}, CPU offload {'on' if c[1] else 'off'}" == args.only]
         if not configs:
             parser.error(f"--only {args.only!r}: no such run")
-    stem = NOTEBOOK + ("_" + "_".join(re.findall("[a-z0-9]+", args.only.lower())) if args.only else "")
+    stem = NOTEBOOK + (f"_{slug(args.only)}" if args.only else "")
     p = {**parameter_defaults(NOTEBOOK), "NUM_WORKERS": 1, "USE_GPU": True, "CLUSTER": {"p5.48xlarge": 1}}
     p.update(MODEL_NAME=str(work / "model"), MAX_SEQ_LEN=seq, BATCH_SIZE_PER_WORKER=batch)
     lesson = lesson_namespace(NOTEBOOK, {**p, "USE_GPU": cuda})  # make_fsdp_strategy (train_func: unused)

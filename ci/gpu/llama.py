@@ -22,7 +22,6 @@ import gzip
 import json
 import os
 import pickle
-import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import traceback
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import REPO, environment, lesson_namespace, live_at_peak, write_result  # noqa: E402
+from common import REPO, environment, lesson_namespace, live_at_peak, slug, write_result  # noqa: E402
 
 # A Llama 2 architecture at 3.4B (head_dim 128 as in Llama 2): 16 bytes per parameter fit an 80 GB GPU.
 FULL = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24)
@@ -302,8 +301,7 @@ def main() -> None:
         if config.pop("save", False):
             config["save_to"] = str(work / f"checkpoint-{len(results)}")
         if args.memory_history:
-            slug = "_".join(re.findall("[a-z0-9]+", label.lower()))
-            config.update(max_steps=3, memory_history=str(out.resolve() / f"memory_{slug}.pickle.gz"))
+            config.update(max_steps=3, memory_history=str(out.resolve() / f"memory_{slug(label)}.pickle.gz"))
         entry = {"label": label}
         try:
             entry["plan"] = plan_figures(notebook, config)

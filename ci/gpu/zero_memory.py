@@ -47,6 +47,7 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
         lesson_namespace,
         live_at_peak,
         parameter_defaults,
+        slug,
         write_result,
     )
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -70,7 +71,7 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
     ids = torch.randint(0, 50257, (1, 512), device="cuda" if cuda else "cpu")
     ds_config = make_ds_config(stage, "bf16", 1, offload)
     ds_config["zero_optimization"].update(zero or {})  # e.g. stage3_prefetch_bucket_size=0
-    name = f"zero{stage}_{offload.replace('+', '_')}"
+    name = f"zero{stage}_{slug(offload)}"
     print(f"ZeRO-{stage}, offload {offload}, GPT-2 124M, 512 tokens, bf16: tensor memory in GB", flush=True)
     if cuda:
         if out:
