@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,8 +119,11 @@ class NodeLoss:
     registered, `make cluster-add-node` once a checkpoint written after the loss is in the bucket.
 
     A thread watches the bucket for the run's folder (the first new one whose name starts with `run_prefix`)
-    and its `checkpoint_*/trainer_state.json` (written by rank 0 after every shard). `events` records what
-    it did, with the checkpoint step it followed.
+    and its `checkpoint_*/trainer_state.json` (written by rank 0 after every shard). A checkpoint counts as
+    registered once Ray Train's `checkpoint_manager_snapshot.json` there names it (`_settled`), not
+    after a guessed delay: on a loaded machine the controller can take longer to register it, and a pause
+    of the bucket in the middle of its snapshot write would stall the controller. `events` records what it
+    did, with the checkpoint step it followed.
 
     Ray Train sizes a worker group from the reservations of Ray Data's autoscaling coordinator, which looks
     at the cluster every 20 s (`TICK_INTERVAL_S` in ray.data's `default_autoscaling_coordinator.py`); the
@@ -140,12 +143,12 @@ class NodeLoss:
         self,
         cluster: Mapping[str, str],
         run_prefix: str,
-        registered_after_s: float = 3.0,
         stall_at_checkpoint: int | None = None,
         stall_s: float = 25.0,
         hold_s: float = 50.0,
     ):
-        self.cluster, self.run_prefix, self.registered_after_s = cluster, run_prefix, registered_after_s
+        self.cluster, self.run_prefix = cluster, run_prefix
+        self._run: str | None = None  # the run's folder in the bucket, once there
         self.stall_at_checkpoint, self.stall_s, self.hold_s = stall_at_checkpoint, stall_s, hold_s
         self.events: list[tuple[str, int, float]] = []  # (what, after the checkpoint of this step, seconds)
         self._stop = threading.Event()
@@ -153,22 +156,56 @@ class NodeLoss:
         self.error: BaseException | None = None
         self._refreshes: list[threading.Thread] = []
 
-    def _checkpoints(self, fs, root: str, known: set[str]) -> list[int]:
+    def _listing(self, fs, root: str, known: set[str]) -> tuple[list[int], list[int]]:
+        """One listing of the run's folder: the steps of the checkpoints rank 0 finished (`trainer_state.json`
+        there), and of every checkpoint folder holding a file (one being written or deleted too)."""
         import pyarrow.fs as pafs
 
-        runs = [
-            i.path
-            for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-            if i.base_name.startswith(self.run_prefix) and i.path not in known
-        ]
-        if not runs:
-            return []
-        files = fs.get_file_info(pafs.FileSelector(runs[0], recursive=True))
-        return sorted(
-            int(f.path.split("/")[-2].removeprefix("checkpoint_"))
-            for f in files
-            if f.base_name == "trainer_state.json" and f.path.split("/")[-2].startswith("checkpoint_")
+        if self._run is None:
+            runs = [
+                i.path
+                for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+                if i.base_name.startswith(self.run_prefix) and i.path not in known
+            ]
+            if not runs:
+                return [], []
+            self._run = runs[0]
+        files = fs.get_file_info(pafs.FileSelector(self._run, recursive=True))
+        parts = [f.path.removeprefix(self._run + "/").split("/") for f in files if f.is_file]
+        parts = [p for p in parts if len(p) > 1 and p[0].startswith("checkpoint_")]
+        step = lambda p: int(p[0].removeprefix("checkpoint_"))  # noqa: E731
+        return sorted({step(p) for p in parts if p[-1] == "trainer_state.json"}), sorted(
+            {step(p) for p in parts}
         )
+
+    def _settled(self, fs, root: str, known: set[str]) -> int | None:
+        """The step of the newest finished checkpoint once Ray Train's controller has registered it and is
+        done with the bucket for it; None before. Done means: the checkpoint manager's snapshot, which the
+        controller writes to the run's folder (blocking its loop) when it registers a report, names it the
+        latest, and every older folder it dropped (`num_to_keep`) is deleted. Pausing the bucket before
+        then would stall the controller, and with it every decision it makes, the resize included. (The
+        listing comes first and the pause right after the snapshot's read: a checkpoint finished in those
+        few milliseconds is the one case left where a pause stalls the controller.)"""
+        finished, folders = self._listing(fs, root, known)
+        try:
+            with fs.open_input_stream(f"{self._run}/checkpoint_manager_snapshot.json") as snapshot:
+                state = json.loads(snapshot.read())
+        except (FileNotFoundError, OSError, ValueError):  # not there yet
+            return None
+        step = lambda name: int(name.removeprefix("checkpoint_"))  # noqa: E731
+        latest = (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name", "")
+        kept = {step(r["checkpoint_dir_name"]) for r in state["checkpoint_results"]}
+        if not finished or not latest.startswith("checkpoint_") or step(latest) != finished[-1]:
+            return None
+        return finished[-1] if all(s in kept for s in folders if s <= finished[-1]) else None
+
+    def _wait_settled(self, fs, root: str, known: set[str]) -> int | None:
+        """Wait until the newest finished checkpoint is registered (`_settled`); its step, None: the run
+        ended first."""
+        while not self._stop.wait(0.2):
+            if (settled := self._settled(fs, root, known)) is not None:
+                return settled
+        return None
 
     def _watch(self) -> None:
         import pyarrow.fs as pafs
@@ -180,12 +217,13 @@ class NodeLoss:
             start = time.monotonic()
             killed_after = added_after = None
             while not self._stop.wait(0.5):
-                steps = self._checkpoints(fs, root, known)
+                steps, _ = self._listing(fs, root, known)
                 if killed_after is None and steps:
-                    time.sleep(self.registered_after_s)  # its report collected: the checkpoint is registered
+                    killed_after = self._wait_settled(fs, root, known)
+                    if killed_after is None:
+                        return
                     self._kill_node(cluster)
                     self._refresh_when(alive=1)
-                    killed_after = steps[-1]
                     self.events.append(("node killed", killed_after, time.monotonic() - start))
                 elif killed_after is not None and steps and steps[-1] > killed_after:
                     cluster.add_node(CLUSTER_DIR, CLUSTER_DIR / "cluster.env")
@@ -196,12 +234,14 @@ class NodeLoss:
             if added_after is None:
                 return
             uploads = self._s3_client()
-            time.sleep(self.registered_after_s)  # the lone worker's checkpoint registered, as for the kill
-            seconds = self._hold_until_resized(cluster)  # its next checkpoint write waits in the bucket
-            if seconds is None:  # Ray Train saw the node early: the new worker group is there already
+            # Once the lone worker's latest checkpoint is registered, its next write waits in the bucket.
+            held = self._hold_until_resized(cluster, lambda: self._wait_settled(fs, root, known))
+            if held is None:  # Ray Train saw the node early: the new worker group is there already
                 self.events.append(("grown back before the hold", added_after, 0.0))
+            elif held[0] is None:
+                self.events.append(("the run ended before the hold", added_after, 0.0))
             else:
-                self.events.append(("storage held until the resize", added_after, seconds))
+                self.events.append(("storage held until the resize", *held))
             if self.stall_at_checkpoint is not None:
                 if self._when_uploading(uploads, lambda step: step == self.stall_at_checkpoint) is not None:
                     cluster.pause_storage(CLUSTER_DIR, self.stall_s)
@@ -259,10 +299,14 @@ class NodeLoss:
                         return step
         return None
 
-    def _hold_until_resized(self, cluster) -> float | None:
-        """Pause the bucket while the lone training worker writes; resume it once that worker process is
-        gone (the resize stopped it) or after `hold_s`. Returns the seconds held; None, without a hold, where
-        there is no lone worker (the resize came first: the new group's workers are there)."""
+    def _hold_until_resized(
+        self, cluster, settled: Callable[[], int | None]
+    ) -> tuple[int | None, float] | None:
+        """Once `settled()` returns (the step of the lone worker's latest checkpoint, registered), pause the
+        bucket while the lone training worker writes its next one; resume it once that worker process is
+        gone (the resize stopped it) or after `hold_s`. Returns that step and the seconds held ((None, 0.0)
+        if the run ended first); None, without a hold, where there is no lone worker (the resize came
+        first: the new group's workers are there)."""
         import psutil
 
         records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
@@ -286,7 +330,10 @@ class NodeLoss:
         def resized() -> bool:  # the lone worker's process is gone (or the run is over)
             return self._stop.is_set() or not any(psutil.pid_exists(pid) for pid in lone)
 
-        return cluster.pause_storage(CLUSTER_DIR, self.hold_s, until=resized)
+        step = settled()
+        if step is None:
+            return None, 0.0
+        return step, cluster.pause_storage(CLUSTER_DIR, self.hold_s, until=resized)
 
     @staticmethod
     def _kill_node(cluster) -> None:
