@@ -108,6 +108,11 @@ def secret_leaks(secrets: Mapping[str, str]) -> list[str]:
     return found
 
 
+def checkpoint_step(name: str) -> int:
+    """The step in a checkpoint folder's name (Ray Train's `checkpoint_000018`: 18)."""
+    return int(name.removeprefix("checkpoint_"))
+
+
 def notebook_env(cluster: Mapping[str, str]) -> dict:
     """What a notebook's kernel gets: the cluster's variables, as after `source cluster.env`."""
     return {**os.environ, **cluster}
@@ -173,10 +178,8 @@ class NodeLoss:
         files = fs.get_file_info(pafs.FileSelector(self._run, recursive=True))
         parts = [f.path.removeprefix(self._run + "/").split("/") for f in files if f.is_file]
         parts = [p for p in parts if len(p) > 1 and p[0].startswith("checkpoint_")]
-        step = lambda p: int(p[0].removeprefix("checkpoint_"))  # noqa: E731
-        return sorted({step(p) for p in parts if p[-1] == "trainer_state.json"}), sorted(
-            {step(p) for p in parts}
-        )
+        finished = {checkpoint_step(p[0]) for p in parts if p[-1] == "trainer_state.json"}
+        return sorted(finished), sorted({checkpoint_step(p[0]) for p in parts})
 
     def _settled(self, fs, root: str, known: set[str]) -> int | None:
         """The step of the newest finished checkpoint once Ray Train's controller has registered it and is
@@ -192,10 +195,9 @@ class NodeLoss:
                 state = json.loads(snapshot.read())
         except (FileNotFoundError, OSError, ValueError):  # not there yet
             return None
-        step = lambda name: int(name.removeprefix("checkpoint_"))  # noqa: E731
         latest = (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name", "")
-        kept = {step(r["checkpoint_dir_name"]) for r in state["checkpoint_results"]}
-        if not finished or not latest.startswith("checkpoint_") or step(latest) != finished[-1]:
+        kept = {checkpoint_step(r["checkpoint_dir_name"]) for r in state["checkpoint_results"]}
+        if not finished or not latest.startswith("checkpoint_") or checkpoint_step(latest) != finished[-1]:
             return None
         return finished[-1] if all(s in kept for s in folders if s <= finished[-1]) else None
 
@@ -294,7 +296,7 @@ class NodeLoss:
                 if (
                     upload["Key"].endswith(".distcp") and folders
                 ):  # .../checkpoint_000018/sharded/__0_0.distcp
-                    step = int(folders[-1].removeprefix("checkpoint_"))
+                    step = checkpoint_step(folders[-1])
                     if wanted(step):
                         return step
         return None
