@@ -178,8 +178,14 @@ def _fact_speed(r: dict) -> Iterable[Fact]:
         yield "Cost at the tutorial's instance prices", f"<b>${cost:.2f}</b>"
 
 
+def _kill(results: dict):
+    """The planned kill: the run's own, or that of the "When a worker dies" section's run (`worker_dies`)."""
+    demo = results.get("worker_dies")
+    return results.get("kill") or (demo.get("kill") if isinstance(demo, dict) else None)
+
+
 def _fact_resume(r: dict) -> Iterable[Fact]:
-    kill = r.get("kill")
+    kill = _kill(r)
     if isinstance(kill, dict) and kill:
         parts = []
         if "at_step" in kill:
@@ -260,7 +266,7 @@ def facts(results: dict) -> list[Fact]:
 
 def headline(results: dict) -> str:
     """One short cell for the overview table: the resume story."""
-    kill = results.get("kill")
+    kill = _kill(results)
     if isinstance(kill, dict) and "at_step" in kill:
         text = f"killed at {kill['at_step']}"
         if "resumed_from_step" in kill:

@@ -29,7 +29,7 @@ from .metrics import GlueMetric
 from .notebook import set_up
 from .observe import Observer, lightning_observer, trainer_observer, watch
 from .plots import plot_losses
-from .results import write_results
+from .results import save_results, write_results
 from .smoke import parameter_values
 from .validate import ParameterError, choose_attention
 from .zero_checkpoint import zero_checkpoint_folder
@@ -58,6 +58,7 @@ __all__ = [
     "plan",
     "plot_losses",
     "run_cost",
+    "save_results",
     "set_up",
     "storage",
     "tracking",

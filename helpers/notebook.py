@@ -25,7 +25,7 @@ def set_up(notebook: str, namespace: dict):
     3. `helpers.cluster.start_ray`: a local Ray, or the cluster in `RAY_ADDRESS`; the workers' output goes to a log.
     4. `helpers.checks.check_cluster`: room for the workers, storage every node can write, the weights on every node.
     """
-    results.start_clock()
+    results.start_clock(notebook)
     gc.set_threshold(*cluster.GC_THRESHOLD)  # the imports to come: about a fifth faster (see there)
     if namespace.get("SMOKE_TEST"):
         namespace.update(smoke.smoke_overrides(namespace, smoke_settings.smoke_table(notebook, namespace)))

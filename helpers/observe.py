@@ -111,23 +111,23 @@ def watch(
     total_steps: int,
     *,
     print_every: int | None = None,
-    kill_at_step: int | None = None,
+    kill_at_step: int = 0,
     mlflow_run_id: str | None = None,
 ) -> Watch:
     """In the driver, before `fit()`: the run's `Watch`.
 
-    `namespace`, the notebook's `globals()`: the planned kill is its `KILL_WORKER_AT_STEP` unless
-    `kill_at_step` is given (checked: a step of the run, with a rank 1), and a progress line comes every `LOGGING_STEPS` steps where the notebook has
-    that parameter (else `print_every`, else about six lines a run). A new MLflow run records the notebook's
-    parameters, unless `mlflow_run_id` continues one (a resumed run)."""
+    `namespace`, the notebook's `globals()`. A progress line comes every `LOGGING_STEPS` steps where the
+    notebook has that parameter (else `print_every`, else about six lines a run). `kill_at_step` > 0 plans
+    a kill: the rank-1 worker kills its own process at that step ("When a worker dies" passes it; checked:
+    a step of this run, with a rank 1 to kill). A new MLflow run records the notebook's parameters, unless
+    `mlflow_run_id` continues one (a resumed run)."""
     from .failures import check_kill_step, run_log
     from .tracking import start_run
 
     if print_every is None:
         print_every = namespace.get("LOGGING_STEPS") or max(1, total_steps // 6)
-    if kill_at_step is None:  # the notebook's: a step of this run
-        kill_at_step = int(namespace.get("KILL_WORKER_AT_STEP") or 0)
-        check_kill_step("KILL_WORKER_AT_STEP", kill_at_step, namespace["NUM_WORKERS"], total_steps)
+    kill_at_step = int(kill_at_step or 0)
+    check_kill_step("KILL_WORKER_AT_STEP", kill_at_step, namespace["NUM_WORKERS"], total_steps)
     run_id = mlflow_run_id or start_run(notebook, namespace)
     log = run_log(total_steps, print_every, kill_at_step, run_id)
     return Watch(log, run_id, kill_at_step, total_steps, print_every)

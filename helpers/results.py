@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["REQUIRED_KEYS", "Stopwatch", "start_clock", "elapsed", "write_results"]
+__all__ = ["REQUIRED_KEYS", "Stopwatch", "start_clock", "elapsed", "save_results", "write_results"]
 
 REQUIRED_KEYS = ("notebook", "smoke_test", "wall_seconds", "losses", "checkpoint_path", "mlflow_run_id")
 
@@ -27,11 +27,13 @@ class Stopwatch:
 
 
 _CLOCK: list[Stopwatch] = []  # the run's, started by the Set up cell (`helpers.set_up`)
+_NOTEBOOK: list[str] = []  # the notebook the Set up cell set up
 
 
-def start_clock() -> None:
-    """Start the run's wall clock (the Set up cell does)."""
+def start_clock(notebook: str | None = None) -> None:
+    """Start the run's wall clock (the Set up cell does), for `notebook`."""
     _CLOCK[:] = [Stopwatch()]
+    _NOTEBOOK[:] = [notebook] if notebook else []
 
 
 def elapsed() -> float:
@@ -48,6 +50,21 @@ def _is_folder(path: str) -> bool:
 
     fs, fs_path = pafs.FileSystem.from_uri(path)
     return fs.get_file_info(pafs.FileSelector(fs_path, allow_not_found=True)) != []
+
+
+def save_results(path: str, namespace: dict) -> dict:
+    """A notebook's last line: its run's numbers, read from its globals (`namespace`) by its module in
+    `helpers.notebooks`, written as JSON to `path` (nothing when it is empty) and into its MLflow run;
+    returns them. A "going further" section that trained a run of its own (a worker killed) is the results'
+    `worker_dies`, its MLflow run ended with its own numbers."""
+    from .notebooks import collect
+
+    if not _NOTEBOOK:
+        raise RuntimeError("save_results: run the Set up cell (helpers.set_up) first.")
+    results = collect(_NOTEBOOK[0], namespace)
+    if results.get("worker_dies"):
+        results["worker_dies"] = _end_mlflow_run(results["worker_dies"], path)
+    return write_results(path, **results) or results
 
 
 def write_results(path: str, **results) -> dict | None:
@@ -67,20 +84,29 @@ def write_results(path: str, **results) -> dict | None:
     results.setdefault("wall_seconds", elapsed())
     written = _write(path, results) if path else None
     if results.get("mlflow_run_id"):
-        from .tracking import _bounded, _shown, finish_run, tracking_uri
-
-        try:
-            with _bounded():
-                results["mlflow"] = finish_run(results["mlflow_run_id"], results)  # where to find the run
-        except Exception as exc:  # noqa: BLE001 - tracking is a record of the run, not the run
-            print(
-                f"MLflow: the run's summary was not recorded at {_shown(tracking_uri())} "
-                f"({exc.__class__.__name__}); the results are in {path or 'this notebook'}."
-            )
+        ended = _end_mlflow_run(results, path)
+        if "mlflow" not in ended:
             return written
+        results = ended
         if path:
             _dump(path, results)
     return results if path else None
+
+
+def _end_mlflow_run(results: dict, path: str) -> dict:
+    """`results` with `mlflow` (where the run is) once its MLflow run is ended with them; as they were, with
+    one line printed, where the tracking server does not answer in time."""
+    from .tracking import _bounded, _shown, finish_run, tracking_uri
+
+    try:
+        with _bounded():
+            return {**results, "mlflow": finish_run(results["mlflow_run_id"], results)}
+    except Exception as exc:  # noqa: BLE001 - tracking is a record of the run, not the run
+        print(
+            f"MLflow: the run's summary was not recorded at {_shown(tracking_uri())} "
+            f"({exc.__class__.__name__}); the results are in {path or 'this notebook'}."
+        )
+        return results
 
 
 def _write(path: str, results: dict) -> dict:

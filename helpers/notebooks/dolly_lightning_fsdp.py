@@ -1,0 +1,29 @@
+"""dolly_lightning_fsdp: Lightning's FSDP strategy on Ray Train, and what a 7B run costs."""
+
+from __future__ import annotations
+
+from . import worker_dies
+
+
+def results(ns: dict) -> dict:
+    """The run's numbers, from the notebook's globals once "What the run showed" has run."""
+    from ..storage import uri
+
+    watch, result, losses, ranks = ns["watch"], ns["result"], ns["losses"], ns["ranks"]
+    return {
+        "losses": losses,
+        "checkpoint_path": uri(result.checkpoint.filesystem, result.checkpoint.path),
+        "final_loss": losses[-1],
+        "param_shard_fraction": ns["param_shard_fraction"],
+        "param_dtypes": ranks[0]["param_dtypes"],
+        "state_bytes": [r["state_bytes"] for r in ranks],
+        "plan": ns["plan"].as_dict(),
+        "worker_node_ids": [r["node_id"] for r in ranks],
+        "attempts": ns["attempts"],
+        "kill": None,
+        "worker_dies": worker_dies(ns, "dolly_lightning_fsdp"),
+        "generated": ns["generated"],
+        "train_seconds": ns["train_seconds"],
+        "cost_usd": ns["this_cost"],
+        "mlflow_run_id": watch.mlflow_run_id,
+    }
