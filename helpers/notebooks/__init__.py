@@ -24,7 +24,9 @@ def collect(notebook: str, ns: dict) -> dict:
     }
 
 
-def worker_dies(ns: dict, notebook: str, watch: str = "kill_watch", result: str = "killed_run") -> dict | None:
+def worker_dies(
+    ns: dict, notebook: str, watch: str = "kill_watch", result: str = "killed_run"
+) -> dict | None:
     """The "When a worker dies" section's own run, as results (None where the section did not train: its
     `KILL_WORKER_AT_STEP` was 0): its losses, worker groups, the kill and where it resumed, its checkpoint and
     MLflow run. The keys are those of a notebook's results, so the same checks read both."""
