@@ -117,15 +117,21 @@ cluster-kill-node:
 cluster-add-node:
 	$(BIN)/python ci/local_cluster.py add-node
 
-# A notebook as a Ray Job on the cluster in cluster.env (make cluster-up), in smoke mode unless ARGS says
-# otherwise: make job NOTEBOOK=glue_text_classification ARGS="-p TASK stsb". The project's files are the job's
-# working_dir (helpers shipped with it); the executed notebook goes to $STORAGE_PATH/jobs/<job id>/.
-JOB_ARGS ?= -p SMOKE_TEST True
-# The project's cluster.env and Python, wherever make runs from (cluster.env is shell code: never a caller's).
+# A notebook as a Ray Job (ci/submit_job.py): on the cluster the shell names (RAY_API_SERVER_ADDRESS, with
+# STORAGE_PATH and MLFLOW_TRACKING_URI) at the notebook's full-scale values, or, where the shell names none, on
+# the local cluster of `make cluster-up` (its cluster.env) in smoke mode; ARGS changes either:
+# make job NOTEBOOK=glue_text_classification ARGS="-p TASK stsb". The project's files are the job's working_dir
+# (helpers shipped with it); the executed notebook goes to $STORAGE_PATH/jobs/<job id>/.
+# NOTEBOOK and ARGS reach the script through the environment, never pasted into the shell line.
+job: export NOTEBOOK := $(NOTEBOOK)
+job: export ARGS := $(ARGS)
 job: install
-	@test -f "$(ROOT)/cluster.env" || { echo "No $(ROOT)/cluster.env: start the local cluster first (make cluster-up)."; exit 1; }
-	@test -n "$(NOTEBOOK)" || { echo "NOTEBOOK=<name> is required, e.g. make job NOTEBOOK=glue_text_classification"; exit 1; }
-	. "$(ROOT)/cluster.env" && "$(ROOT)/$(BIN)/python" "$(ROOT)/ci/submit_job.py" $(NOTEBOOK) $(JOB_ARGS) $(ARGS)
+	@test -n "$$NOTEBOOK" || { echo "NOTEBOOK=<name> is required, e.g. make job NOTEBOOK=glue_text_classification"; exit 1; }
+	@if [ -z "$$RAY_API_SERVER_ADDRESS" ]; then \
+	  test -f "$(ROOT)/cluster.env" || { echo "No cluster: set RAY_API_SERVER_ADDRESS (and STORAGE_PATH, MLFLOW_TRACKING_URI) for yours, or start the local one (make cluster-up)."; exit 1; }; \
+	  . "$(ROOT)/cluster.env"; \
+	fi; \
+	"$(ROOT)/$(BIN)/python" "$(ROOT)/ci/submit_job.py" --from-environment
 
 # A notebook's "will it fit?" plan for its full-scale values, offline, without running it (ci/plan.py):
 # make plan NOTEBOOK=llama_fsdp ARGS="-p NUM_WORKERS 8". Exits 2 where the run would not fit.

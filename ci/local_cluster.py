@@ -384,6 +384,9 @@ def up(
         # virtualenv first on the nodes' PATH: its ninja (1.13) and the system's (1.11) write each other's
         # build logs unreadably, and DeepSpeed's ops were rebuilt (15-30 s) whenever the other one ran.
         "LLM_NOTEBOOKS_JOB_PYTHON": str(BIN / "python"),
+        # `make job` runs a notebook in smoke mode on this cluster only (ci/submit_job.py), at its full-scale
+        # values on any other RAY_API_SERVER_ADDRESS.
+        "LLM_NOTEBOOKS_LOCAL_CLUSTER": f"http://127.0.0.1:{dashboard_port}",
     }
     # The secrets stay in cluster.env alone (and in the nodes' environment).
     shown = {k: v for k, v in driver.items() if k not in ("AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN")}

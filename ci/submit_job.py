@@ -24,7 +24,10 @@ What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermil
   needs `gcsfs` on the head node (papermill writes through it); `s3://` needs `boto3`, which the requirements install.
 
 The cluster is `RAY_API_SERVER_ADDRESS` (its dashboard; `cluster.env` of `make cluster-up` sets it), with
-Ray's token when the cluster uses one. The job id is printed first, so a closed terminal loses nothing.
+Ray's token when the cluster uses one. On the local cluster of `make cluster-up` the notebook runs in smoke
+mode; on any other cluster at its full-scale values; `-p SMOKE_TEST ...` among the arguments decides instead.
+Which cluster and which mode are printed before anything is submitted, then the job id, so a closed terminal
+loses nothing.
 """
 
 from __future__ import annotations
@@ -40,12 +43,35 @@ ROOT = Path(__file__).resolve().parents[1]
 PASSED_VARS = ("STORAGE_PATH", "MLFLOW_TRACKING_URI")
 
 
+def with_mode(papermill_args: list[str], environ) -> tuple[list[str], str]:
+    """The papermill arguments the job runs with, and one line saying where and how: smoke mode on the
+    local cluster (`LLM_NOTEBOOKS_LOCAL_CLUSTER`, which its `cluster.env` sets, names the cluster
+    `RAY_API_SERVER_ADDRESS` names), the full-scale values anywhere else; `-p SMOKE_TEST ...` decides where
+    it is given."""
+    address = environ.get("RAY_API_SERVER_ADDRESS", "")
+    local = bool(address) and address == environ.get("LLM_NOTEBOOKS_LOCAL_CLUSTER")
+    where = f"{address} ({'the local cluster of make cluster-up' if local else 'your cluster'})"
+    pairs = zip(papermill_args, papermill_args[1:], papermill_args[2:], strict=False)
+    given = [value for flag, name, value in pairs if flag in ("-p", "--parameters") and name == "SMOKE_TEST"]
+    if given:
+        return papermill_args, f"Cluster: {where}; SMOKE_TEST={given[-1]} as ARGS says."
+    if local:
+        return [
+            "-p",
+            "SMOKE_TEST",
+            "True",
+            *papermill_args,
+        ], f"Cluster: {where}; smoke mode (SMOKE_TEST=True)."
+    return papermill_args, f"Cluster: {where}; the notebook's full-scale values (ARGS changes them)."
+
+
 def submit(notebook: str, papermill_args: list[str], submission_id: str | None = None) -> tuple[str, str]:
     """Submit `notebook` as a Ray Job; return (job id, where its executed notebook goes)."""
     from ray.job_submission import JobSubmissionClient
 
-    if not (ROOT / "notebooks" / f"{notebook}.ipynb").exists():
-        raise SystemExit(f"NOTEBOOK={notebook!r}: no notebooks/{notebook}.ipynb")
+    names = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    if notebook not in names:  # a name, never a path (`../other/nb`)
+        raise SystemExit(f"NOTEBOOK={notebook!r}: not a notebook of this project ({', '.join(names)})")
     missing = [v for v in PASSED_VARS if not os.environ.get(v)]
     if missing or not os.environ.get("RAY_API_SERVER_ADDRESS"):
         raise SystemExit(
@@ -140,10 +166,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("notebook")
+    parser.add_argument("notebook", nargs="?")
     parser.add_argument("papermill_args", nargs=argparse.REMAINDER)
+    parser.add_argument(
+        "--from-environment",
+        action="store_true",
+        help="`make job`: the notebook and papermill arguments from NOTEBOOK and ARGS (split as a shell would)",
+    )
     args = parser.parse_args()
-    job_id, output = submit(args.notebook, args.papermill_args)
+    if args.from_environment:
+        import shlex
+
+        try:
+            args.notebook, args.papermill_args = (
+                os.environ["NOTEBOOK"],
+                shlex.split(os.environ.get("ARGS", "")),
+            )
+        except ValueError as exc:
+            raise SystemExit(f"ARGS: {exc}") from None
+    if not args.notebook:
+        parser.error("NOTEBOOK is required")
+    papermill_args, mode = with_mode(args.papermill_args, os.environ)
+    print(mode, flush=True)
+    job_id, output = submit(args.notebook, papermill_args)
     print(f"Submitted Ray Job {job_id}; its logs: ray job logs --follow {job_id}", flush=True)
     try:
         status = wait(job_id)

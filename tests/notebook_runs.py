@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -487,8 +488,9 @@ def execute(
 def run_as_job(
     name: str, parameters: dict, tag: str, *, cluster: Mapping[str, str], budget_s: float
 ) -> tuple[dict | None, float, str, str]:
-    """Run notebooks/<name>.ipynb as a Ray Job on `cluster`, as `make job` does (ci/submit_job.py, in a
-    process of its own with the cluster's variables, as from a shell that sourced cluster.env); return
+    """Run notebooks/<name>.ipynb as a Ray Job on `cluster` with `make job` (ci/submit_job.py), from a shell
+    that has the cluster's variables and no cluster.env to read (the project's, if any, is not read: the
+    shell names the cluster); return
     (results JSON, wall seconds, the job's status, its id). The job writes its results JSON here: the
     cluster's nodes are this machine. Past `budget_s` (submission and the whole job): `RunTooSlow`."""
     results_path = ARTIFACTS / "notebooks" / f"{name}-{tag}.json"
@@ -501,7 +503,7 @@ def run_as_job(
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "ci" / "submit_job.py"), name, *args],
+            ["make", "-s", "-C", str(ROOT), "job", f"NOTEBOOK={name}", f"ARGS={shlex.join(args)}"],
             env=notebook_env(cluster),
             capture_output=True,
             text=True,

@@ -67,6 +67,42 @@ def test_make_job_reads_the_projects_cluster_env_from_any_folder(tmp_path):
     assert f'. "{ROOT}/cluster.env"' in proc.stdout and f'"{ROOT}/.venv/bin/python"' in proc.stdout, (
         proc.stdout
     )
+    # What the caller typed reaches the script through the environment, not the shell line.
+    submit = proc.stdout.strip().splitlines()[-1]
+    assert submit.endswith("submit_job.py\" --from-environment"), proc.stdout
+
+
+def test_make_job_runs_on_the_cluster_the_shell_names_at_full_scale():
+    from submit_job import with_mode
+
+    local = {
+        "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:8265",
+        "LLM_NOTEBOOKS_LOCAL_CLUSTER": "http://127.0.0.1:8265",
+    }
+    args, line = with_mode(["-p", "TASK", "stsb"], local)
+    assert args == ["-p", "SMOKE_TEST", "True", "-p", "TASK", "stsb"] and "smoke mode" in line, line
+    # Another cluster in the shell (a stale local cluster.env sourced before, or none): full scale.
+    remote = {**local, "RAY_API_SERVER_ADDRESS": "https://ray.example.com"}
+    args, line = with_mode(["-p", "TASK", "stsb"], remote)
+    assert args == ["-p", "TASK", "stsb"] and "full-scale" in line and "ray.example.com" in line, line
+    args, line = with_mode(["-p", "SMOKE_TEST", "True"], remote)
+    assert args == ["-p", "SMOKE_TEST", "True"] and "SMOKE_TEST=True as ARGS says" in line, line
+
+
+def test_a_job_names_a_notebook_never_a_path():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "ci" / "submit_job.py"), "../notebooks/glue_text_classification"],
+        env={
+            **os.environ,
+            "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:1",
+            "STORAGE_PATH": "/tmp/x",
+            "MLFLOW_TRACKING_URI": "file:/tmp/x",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "not a notebook of this project" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_job_gets_the_hub_and_network_settings_of_the_shell_and_no_secret():
