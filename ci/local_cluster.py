@@ -201,6 +201,23 @@ def node_env(
     return env
 
 
+def ray_temp_dir(prefix: str) -> str:
+    """A node's `--temp-dir`: `ray` inside a new folder only this user can enter (0700). Ray opens its temp
+    dir and the session folders in it to every user (0777, no sticky bit); inside a folder no one else can
+    enter, no one else can reach them (a job's unpacked code, the raylet's sockets, the logs). Named `ray`,
+    as under Ray's default `/tmp/ray`: a driver with `RAY_TMPDIR=<the folder>` finds the head there as it
+    would find one that `ray start` runs with defaults. Under /tmp: Ray's socket paths must stay short."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))  # 0700
+    (folder / "ray").mkdir(mode=0o700)
+    return str(folder / "ray")
+
+
+def _private_parent(temp_dir: str) -> str:
+    """The 0700 folder `ray_temp_dir` made around `temp_dir` (a state of an earlier version: `temp_dir`)."""
+    path = Path(temp_dir)
+    return str(path.parent) if path.name == "ray" and path.parent.name.startswith("llmnb-ray") else temp_dir
+
+
 def _node_command(temp_dir: str, cpus: int, object_store_mb: int) -> list[str]:
     cmd = [str(BIN / "ray"), "start", "--block", "--node-ip-address=127.0.0.1"]
     cmd += [f"--num-cpus={cpus}", f"--object-store-memory={object_store_mb * 1024**2}"]
@@ -285,9 +302,8 @@ def up(
     for old_log in logs.iterdir():
         old_log.chmod(0o600)
     _write_private(state_dir / "auth_token", secrets.token_hex(32))
-    # Ray's sockets live under its temp dir and Unix socket paths are short: keep it under /tmp.
     # One per node, as on separate machines: each node's log monitor then forwards only its own workers' logs.
-    temp_dirs = [tempfile.mkdtemp(prefix=f"llmnb-ray{i}-") for i in range(nodes)]
+    temp_dirs = [ray_temp_dir(f"llmnb-ray{i}-") for i in range(nodes)]
     state["temp_dirs"] = temp_dirs
     credentials = _credentials()
 
@@ -411,7 +427,7 @@ def up_ray(state_dir: Path, cpus: int, object_store_mb: int = 1024) -> dict:
     state = _claim(state_dir, state_dir / "cluster.env", held_by_caller=True)
     log = state_dir / "ray-head.log"
     _write_private(state_dir / "auth_token", secrets.token_hex(32))
-    temp_dir = tempfile.mkdtemp(prefix="llmnb-ray-")
+    temp_dir = ray_temp_dir("llmnb-ray-")
     state["temp_dirs"] = [temp_dir]
     env = node_env(state_dir, s3_port=None, credentials={})
     gcs_port = free_port()
@@ -482,7 +498,7 @@ def down(
     if still:
         raise RuntimeError(f"could not stop {[(p.pid, p.name()) for p in still]}")
     for temp_dir in state.get("temp_dirs", []):
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        shutil.rmtree(_private_parent(temp_dir), ignore_errors=True)
     state_file.unlink()
     (state_dir / "auth_token").unlink(missing_ok=True)
     env_file.unlink(missing_ok=True)
@@ -546,7 +562,7 @@ def add_node(state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "clust
         int(r["name"].rsplit("-", 1)[1]) for r in state["processes"] if r["name"].startswith("ray-node-")
     ]
     name = f"ray-node-{max(numbers, default=0) + 1}"
-    temp_dir = tempfile.mkdtemp(prefix=f"llmnb-ray{name.rsplit('-', 1)[1]}-")
+    temp_dir = ray_temp_dir(f"llmnb-ray{name.rsplit('-', 1)[1]}-")
     state["temp_dirs"].append(temp_dir)
     cmd = _node_command(temp_dir, config["cpus_per_node"], config["object_store_mb"])
     proc = _start([*cmd, f"--address={config['address']}"], state_dir / "logs" / f"{name}.log", env)

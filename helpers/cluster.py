@@ -317,8 +317,8 @@ def _job_runtime_env() -> dict | None:
 def start_ray(
     notebook: str = "notebook", show_worker_logs: bool = False, num_cpus: int | None = None, **init_kwargs
 ):
-    """Attach to the cluster at `RAY_ADDRESS` (Anyscale, `ray start`), or start a local Ray; print one line
-    about it and return `ray.cluster_resources()`.
+    """Attach to the cluster at `RAY_ADDRESS` (Anyscale, `ray start`) or to the one `ray start` runs on this
+    machine (a head node), or start a local Ray; print one line about it and return `ray.cluster_resources()`.
 
     - A local Ray gets `num_cpus` logical CPUs, by default `max(4, 2 * cores)`: enough slots for the
       training workers *and* Ray Data's tasks (the anti-deadlock setting above).
@@ -335,6 +335,9 @@ def start_ray(
     from .cache import cache_dir
     from .tracking import configure as configure_tracking
 
+    found = None if os.environ.get("RAY_ADDRESS") else _cluster_ray_finds()
+    if found:  # from here on (checks, jobs) the cluster it is, as with RAY_ADDRESS
+        os.environ["RAY_ADDRESS"] = found
     for var, value in {**RAY_ENV, **({} if os.environ.get("RAY_ADDRESS") else LOCAL_RAY_ENV)}.items():
         os.environ.setdefault(var, value)
     logging.getLogger("ray.data").setLevel(os.environ["RAY_DATA_LOG_LEVEL"])  # if already imported
@@ -363,11 +366,31 @@ def start_ray(
     resources = ray.cluster_resources()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     gpus = f", {resources.get('GPU', 0):g} GPUs" if resources.get("GPU") else ", no GPU"
+    how = (
+        "started"
+        if not attach
+        else f"attached to the cluster `ray start` runs here ({found}):"
+        if found
+        else "attached to"
+    )
     print(
-        f"Ray: {'attached to' if attach else 'started'} {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs{gpus}. "
+        f"Ray: {how} {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs{gpus}. "
         f"Workers' output: {_worker_log_path() or 'shown here'}"
     )
     return resources
+
+
+def _cluster_ray_finds() -> str | None:
+    """The address of the cluster `ray.init()` would attach to without `RAY_ADDRESS`: the last one
+    `ray start` started on this machine (Ray's `<temp dir>/ray/ray_current_cluster`, under `RAY_TMPDIR`,
+    `TMPDIR` or /tmp). None where there is none: then a local Ray starts. On a head node a notebook must
+    attach, not start a Ray of its own (`ray.init(num_cpus=...)` refuses there)."""
+    try:
+        from ray._private.services import get_ray_address_from_environment  # what ray.init() consults
+
+        return get_ray_address_from_environment(None, None)
+    except Exception:  # noqa: BLE001 - a Ray without it: start a local one, as before
+        return None
 
 
 def _autoscaling() -> bool:
