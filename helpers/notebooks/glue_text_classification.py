@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from . import worker_dies
 
 
@@ -18,11 +20,28 @@ def results(ns: dict) -> dict:
         "eval_metrics": ns["eval_metrics"],
         "evaluated_rows": ns["evaluated_rows"],  # equal to validation_rows: the metric is the whole split's
         "validation_rows": ns["validation_rows"],
-        "eval_history": [{k: v for k, v in entry.items() if k.startswith("eval_")} for entry in eval_log],
+        "eval_history": _eval_history(eval_log),
         "num_workers": ns["NUM_WORKERS"],
         "worker_node_ids": [r["node_id"] for r in watch.ranks()],
         "attempts": watch.attempts(),
         "kill": None,
-        "worker_dies": worker_dies(ns, "glue_text_classification"),
+        "worker_dies": _worker_dies(ns),
         "mlflow_run_id": watch.mlflow_run_id,
     }
+
+
+def _eval_history(log_history: list[dict]) -> list[dict]:
+    """Each evaluation's `eval_*` numbers, from a `trainer_state.json`'s `log_history`."""
+    return [{k: v for k, v in e.items() if k.startswith("eval_")} for e in log_history if "eval_loss" in e]
+
+
+def _worker_dies(ns: dict) -> dict | None:
+    """ "When a worker dies"'s run, with its epochs and its evaluations (read from its latest checkpoint's
+    `trainer_state.json`: the restored epoch is evaluated again)."""
+    run = worker_dies(ns, "glue_text_classification")
+    if run is None:
+        return None
+    checkpoint = ns["killed_run"].checkpoint
+    with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/checkpoint/trainer_state.json") as f:
+        log_history = json.loads(f.read())["log_history"]
+    return {**run, "num_epochs": ns["DEMO_EPOCHS"], "eval_history": _eval_history(log_history)}
