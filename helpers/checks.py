@@ -266,7 +266,7 @@ def _dolly(p: dict) -> None:
         raise ParameterError(
             "CPU_OFFLOAD=True needs USE_GPU=True: on CPU workers the model is in CPU memory."
         )
-    _common(p)  # the steps per epoch are known once the data is: the training cell checks the kill step
+    _common(p, 2 * 4)  # the kill is a step of "When a worker dies"'s own run: 2 epochs of 4 steps
 
 
 def _llama_fsdp(p: dict) -> None:

@@ -24,8 +24,11 @@ NAME = "dolly_lightning_fsdp"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
 # The play-script fixture's training lines (helpers.fixtures.play_script_fixture(), after the notebook's split_text).
 FIXTURE_LINES = 610
-# Steps 40-59 run twice and repeat their losses bit for bit (measured: 0.0, once the CPU strategy gathers the
-# optimizer state without offload; with Lightning's offloaded gather they drifted by up to 0.045).
+# "When a worker dies" trains a run of its own on the first lines: 2 epochs of 4 steps, a checkpoint after each.
+DEMO_EPOCHS, DEMO_STEPS_PER_EPOCH = 2, 4
+# The steps between its checkpoint and the kill run twice and repeat their losses bit for bit (measured: 0.0,
+# once the CPU strategy gathers the optimizer state without offload; with Lightning's offloaded gather they
+# drifted by up to 0.045).
 REPLAY_TOLERANCE = 1e-4
 
 
@@ -73,14 +76,18 @@ def test_plan_matches_what_the_shards_hold(smoke_run):
 def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(smoke_run, ray_cluster):
     results, _ = smoke_run
     params = results["parameters"]
-    planned = params["NUM_EPOCHS"] * steps_per_epoch(params)
-    # Smoke mode kills the rank-1 worker at step 60; the last checkpoint is the first epoch's (step 39).
+    # The lesson's run: two nodes, the bucket, MLflow, and no kill.
+    check_cluster_run(results, ray_cluster, None, None, REPLAY_TOLERANCE)
+    assert [a["resumed_from_step"] for a in results["attempts"]] == [0]  # one worker group, from the start
+    # "When a worker dies": smoke mode kills the rank-1 worker at its run's step 7, after the step-4 checkpoint.
+    demo = results["worker_dies"]
+    planned = DEMO_EPOCHS * DEMO_STEPS_PER_EPOCH
     kill_at = params["KILL_WORKER_AT_STEP"]
-    resumed_from = last_checkpoint_before(kill_at, steps_per_epoch(params))
+    resumed_from = last_checkpoint_before(kill_at, DEMO_STEPS_PER_EPOCH)
     assert 0 < resumed_from < kill_at <= planned  # killed after a checkpoint: a resume, not a restart
-    check_cluster_run(results, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
-    assert results["kill"]["replayed_steps"] == list(range(resumed_from + 1, kill_at))
-    assert len(results["losses"]) == planned  # the planned steps, despite the restart
+    check_cluster_run(demo, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
+    assert demo["kill"]["replayed_steps"] == list(range(resumed_from + 1, kill_at))
+    assert len(demo["losses"]) == planned  # the planned steps, despite the restart
 
 
 @pytest.mark.notebook
@@ -90,7 +97,8 @@ def test_each_rank_read_only_its_own_shards_to_resume(smoke_run, ray_cluster):
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     results, _ = smoke_run
-    kill = results["kill"]
+    demo = results["worker_dies"]  # the "When a worker dies" run, which resumed from its step-4 checkpoint
+    kill = demo["kill"]
     read, whole = kill["resume_bytes_per_rank"], kill["checkpoint_bytes"]
     # The final checkpoint's files stand for the resumed one's: the same tensors, a few bytes of loop state
     # apart. Each rank read its own half of the sharded tensors (the weights' and AdamW moments' shards), the
@@ -98,8 +106,8 @@ def test_each_rank_read_only_its_own_shards_to_resume(smoke_run, ray_cluster):
     # `.metadata` index (once: the reader keeps it for the optimizer's load) and Lightning's `meta.pt`.
     # Measured: 1,196,006 bytes each of a 2,263,130-byte checkpoint (0.53; the shared entries weigh more
     # in the tiny model than at 7B, where the fraction is 1/16 plus a few MB).
-    fs, root = filesystem(results["checkpoint_path"], ray_cluster)
-    sizes = file_sizes(f"{results['checkpoint_path']}/checkpoint.ckpt", ray_cluster)
+    fs, root = filesystem(demo["checkpoint_path"], ray_cluster)
+    sizes = file_sizes(f"{demo['checkpoint_path']}/checkpoint.ckpt", ray_cluster)
     assert whole == pytest.approx(sum(sizes.values()), rel=0.001)
     with fs.open_input_file(f"{root}/checkpoint.ckpt/.metadata") as f:
         metadata = pickle.loads(f.read())

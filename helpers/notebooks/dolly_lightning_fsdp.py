@@ -9,17 +9,18 @@ def results(ns: dict) -> dict:
     """The run's numbers, from the notebook's globals once "What the run showed" has run."""
     from ..storage import uri
 
-    watch, result, losses, ranks = ns["watch"], ns["result"], ns["losses"], ns["ranks"]
+    watch, result, losses = ns["watch"], ns["result"], ns["losses"]
+    ranks = watch.ranks()
     return {
         "losses": losses,
         "checkpoint_path": uri(result.checkpoint.filesystem, result.checkpoint.path),
         "final_loss": losses[-1],
-        "param_shard_fraction": ns["param_shard_fraction"],
+        "param_shard_fraction": [r["param_shard_fraction"] for r in ranks],
         "param_dtypes": ranks[0]["param_dtypes"],
         "state_bytes": [r["state_bytes"] for r in ranks],
         "plan": ns["plan"].as_dict(),
         "worker_node_ids": [r["node_id"] for r in ranks],
-        "attempts": ns["attempts"],
+        "attempts": watch.attempts(),
         "kill": None,
         "worker_dies": worker_dies(ns, "dolly_lightning_fsdp"),
         "generated": ns["generated"],
