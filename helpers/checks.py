@@ -222,6 +222,10 @@ def _check_cpus_per_worker(p: dict) -> None:
             )
 
 
+# The notebook's "When a worker dies" run: 2 epochs of 4 steps (its cell's `kill_epochs, kill_steps_per_epoch`).
+GPT2_KILL_RUN_STEPS = 2 * 4
+
+
 def _gpt2(p: dict) -> None:
     check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
     check_int("MAX_STEPS_PER_EPOCH", p["MAX_STEPS_PER_EPOCH"], minimum=1)
@@ -247,7 +251,7 @@ def _gpt2(p: dict) -> None:
     if p["PRECISION"] == "fp16" and not p["USE_GPU"]:
         # DeepSpeed's CPU accelerator supports fp16 only with special builds; bf16 works everywhere.
         raise ParameterError("PRECISION='fp16' needs USE_GPU=True; on CPU use PRECISION='bf16' or 'fp32'.")
-    _common(p, p["NUM_EPOCHS"] * p["MAX_STEPS_PER_EPOCH"])
+    _common(p, GPT2_KILL_RUN_STEPS)  # KILL_WORKER_AT_STEP: a step of "When a worker dies"'s own run
 
 
 def _dolly(p: dict) -> None:

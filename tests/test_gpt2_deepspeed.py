@@ -20,11 +20,13 @@ from zero_rank import zero_rank
 NAME = "gpt2_deepspeed"
 # The pinned first losses (how measured, tolerance): tests/assets/losses/gpt2_deepspeed.txt
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values
-# (2 epochs of MAX_STEPS_PER_EPOCH 12 steps, KILL_WORKER_AT_STEP 18).
-# The replayed steps 13-17 repeat their losses bit for bit on these CPU workers (measured: 0.0): model,
+# (the lesson's run: 2 epochs of MAX_STEPS_PER_EPOCH 12 steps; "When a worker dies": KILL_WORKER_AT_STEP 7).
+# The replayed steps 5-6 repeat their losses bit for bit on these CPU workers (measured: 0.0): model,
 # optimizer, data order and dropout masks (seeded per epoch) are all restored. 1e-4 leaves room for a
 # different reduction order elsewhere, and is far below a step's change of loss (about 0.05).
 REPLAY_TOLERANCE = 1e-4
+# "When a worker dies" trains a run of its own (results["worker_dies"]): 2 epochs of 4 steps, as its cell says.
+KILL_RUN_EPOCHS, KILL_RUN_STEPS_PER_EPOCH = 2, 4
 PLAN_TOLERANCE = 0.02  # the "will it fit?" plan's per-rank bytes against the measured partitions
 
 
@@ -65,15 +67,17 @@ def test_plan_matches_what_the_zero3_partitions_hold(stage3_run):
 @pytest.mark.notebook
 def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(stage3_run, ray_cluster):
     results, _ = stage3_run
-    params = results["parameters"]
-    planned = params["NUM_EPOCHS"] * params["MAX_STEPS_PER_EPOCH"]
-    # Smoke mode kills the rank-1 worker at step 18 (epoch 2, step 6); the last checkpoint is epoch 1's (12).
-    kill_at = params["KILL_WORKER_AT_STEP"]
-    resumed_from = last_checkpoint_before(kill_at, params["MAX_STEPS_PER_EPOCH"])
+    # The lesson's run: two nodes, the bucket, MLflow, and no kill.
+    check_cluster_run(results, ray_cluster, None, None, REPLAY_TOLERANCE)
+    dies = results["worker_dies"]  # "When a worker dies": a run of its own
+    planned = KILL_RUN_EPOCHS * KILL_RUN_STEPS_PER_EPOCH
+    # Smoke mode kills the rank-1 worker at step 7 (epoch 2, step 3); the last checkpoint is epoch 1's (4).
+    kill_at = results["parameters"]["KILL_WORKER_AT_STEP"]
+    resumed_from = last_checkpoint_before(kill_at, KILL_RUN_STEPS_PER_EPOCH)
     assert 0 < resumed_from < kill_at <= planned  # killed after a checkpoint: a resume, not a restart
-    check_cluster_run(results, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
-    assert results["kill"]["replayed_steps"] == list(range(resumed_from + 1, kill_at))
-    assert len(results["losses"]) == planned  # the planned steps, despite the restart
+    check_cluster_run(dies, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
+    assert dies["kill"]["replayed_steps"] == list(range(resumed_from + 1, kill_at))
+    assert len(dies["losses"]) == planned  # the planned steps, despite the restart
 
 
 @pytest.mark.notebook
@@ -88,12 +92,12 @@ def test_checkpoint_has_a_shard_per_worker(stage3_run, ray_cluster, tmp_path):
 
 @pytest.mark.notebook
 def test_each_worker_fetched_only_its_own_shard_to_resume(stage3_run, ray_cluster):
-    results, _ = stage3_run
-    kill = results["kill"]
+    dies = stage3_run[0]["worker_dies"]  # the killed run's restart read its step-4 checkpoint
+    kill = dies["kill"]
     fetched, total = kill["resume_bytes_per_rank"], kill["checkpoint_bytes"]
-    # The sizes of the final checkpoint's files in the bucket stand for those of the one resumed from:
-    # the same tensors, a few bytes of step counts and epoch numbers apart.
-    sizes = file_sizes(results["checkpoint_path"], ray_cluster)
+    # The sizes of that run's final checkpoint's files in the bucket stand for those of the one resumed
+    # from: the same tensors, a few bytes of step counts and epoch numbers apart.
+    sizes = file_sizes(dies["checkpoint_path"], ray_cluster)
     assert total == pytest.approx(sum(sizes.values()), rel=0.001)
     assert len(fetched) == 2
     for rank, got in enumerate(fetched):
