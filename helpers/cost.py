@@ -1,8 +1,9 @@
 """What a training run cost: its measured wall time times the cluster's on-demand hourly price.
 
-Used by section 8 ("What it cost") of the Dolly notebook, whose original reports "($1.204 * 15 + $2.176) * 2877 / 3600 = $16.17"
-for 15 g4dn.4xlarge workers and a g4dn.8xlarge head node. Prices change: pass `prices=` with your
-own (a cloud's price list or your contract) rather than trusting this table for a budget.
+Used by "What it cost" in the Dolly notebook, whose original reports "($1.204 * 15 + $2.176) * 2877 / 3600 = $16.17":
+15 g4dn.4xlarge and one g4dn.8xlarge (its set-up names an m5.2xlarge head node and 4 g4dn.12xlarge).
+Prices change: pass `prices=` with your own (a cloud's price list or your contract) rather than trusting
+this table for a budget.
 """
 
 from __future__ import annotations
