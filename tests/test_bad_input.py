@@ -39,7 +39,7 @@ CASES = {
     "kill_without_restarts": (
         {"SMOKE_TEST": True, "MAX_FAILURES": 0},
         "ParameterError",
-        ["MAX_FAILURES=0", "KILL_WORKER_AT_STEP=18"],
+        ["MAX_FAILURES=0", "KILL_WORKER_AT_STEP=7"],
     ),
     "zero_stage_4": ({"SMOKE_TEST": True, "ZERO_STAGE": 4}, "ParameterError", ["ZERO_STAGE=4", "0, 1, 2, 3"]),
     # NUM_WORKERS=0 is refused by the check every notebook shares (helpers.checks._common): run here only.
