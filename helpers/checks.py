@@ -535,7 +535,9 @@ def check_cluster(notebook: str, namespace: dict) -> None:
 
 # Model FLOPs utilization for the time estimates: the only figure measured for this recipe is the Hugging
 # Face post's own run, 500 steps of 16 x 2,048 tokens of Llama 2 70B on 16 A100-80GB (312 TFLOP/s dense
-# bf16 each) in about 13.5 hours: 6 x 69.0e9 x 16.4e6 model FLOPs in 13.5 h, 2.8 % MFU. Well-tuned FSDP
+# bf16 each) in about 13.5 hours: 6 x 69.0e9 x 16.4e6 model FLOPs in 13.5 h. The post states "45.51% of
+# peak performance", setting all 16 GPUs' FLOP/s against one A100's peak; against the 16 GPUs' peak the
+# same numbers give 2.8 % per GPU, the MFU used here. Well-tuned FSDP
 # runs of 70B models report 35-45 % (e.g. the Llama 3 paper, 38-43 % on H100s): every estimated time
 # would then shrink by the same factor, and the order of the table would not change. (No GPU has run this
 # notebook's full scale yet; `results["mfu"]` is where a measured figure will come from.)

@@ -55,15 +55,16 @@ def _is_folder(path: str) -> bool:
 def save_results(path: str, namespace: dict) -> dict:
     """A notebook's last line: its run's numbers, read from its globals (`namespace`) by its module in
     `helpers.notebooks`, written as JSON to `path` (nothing when it is empty) and into its MLflow run;
-    returns them. A "going further" section that trained a run of its own (a worker killed) is the results'
-    `worker_dies`, its MLflow run ended with its own numbers."""
+    returns them. A "going further" section that trained a run of its own (a worker killed; Llama's node
+    lost) is the results' `worker_dies` (`elastic`), its MLflow run ended with its own numbers."""
     from .notebooks import collect
 
     if not _NOTEBOOK:
         raise RuntimeError("save_results: run the Set up cell (helpers.set_up) first.")
     results = collect(_NOTEBOOK[0], namespace)
-    if results.get("worker_dies"):
-        results["worker_dies"] = _end_mlflow_run(results["worker_dies"], path)
+    for section in ("worker_dies", "elastic"):
+        if results.get(section):
+            results[section] = _end_mlflow_run(results[section], path)
     return write_results(path, **results) or results
 
 

@@ -114,7 +114,8 @@ def _llama_fsdp(namespace: dict) -> dict:
         "NUM_WORKERS": (16, 2),
         "CPUS_PER_WORKER": (10, 2 if elastic else 1),  # elastic: a worker per 2-CPU node
         "RESIZE_CHECK_S": (60, 5),
-        **_run_settings(16),  # after the checkpoint at step 12
+        # No planned kill: the first run is the post's; "when a worker or a node is lost" trains only on request.
+        **{k: v for k, v in _run_settings(0).items() if k != "KILL_WORKER_AT_STEP"},
     }
 
 

@@ -31,7 +31,8 @@ def results(ns: dict) -> dict:
         "plan": ns["plan"].as_dict(),
         "attempts": attempts,
         "kill": None,
-        "worker_dies": worker_dies(ns, "llama_fsdp"),
+        # "Going further: when a worker or a node is lost": its own run, where it trained (else None)
+        "elastic": worker_dies(ns, "llama_fsdp", "elastic_watch", "elastic_run"),
         "train_seconds": ns["train_seconds"],
         "mlflow_run_id": watch.mlflow_run_id,
     }
