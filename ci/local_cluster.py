@@ -80,20 +80,34 @@ _KEPT_NAMES = {
     *("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"),
     *("HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"),
     *("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"),
+    # exact names, never prefixes: a prefix lets any variable of that shape in (LC_PASSWD, PYTHONCANARY)
+    *("LC_ALL", "LC_CTYPE", "LC_MESSAGES", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY"),
+    *("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONWARNINGS"),
+    *("LLM_NOTEBOOKS_CACHE", "LLM_NOTEBOOKS_OFFLINE_GUARD", "LLM_NOTEBOOKS_AUTOSCALING"),
 }
-_KEPT_PREFIXES = ("LC_", "PYTHON", "LLM_NOTEBOOKS_")
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+LOOPBACK = ("127.0.0.1", "localhost")
 
 
 def kept_env(environ=os.environ) -> dict:
-    """The caller's variables a cluster process may have (see _KEPT_NAMES); a proxy with a user in it is not."""
-    return {
+    """The caller's variables a cluster process may have (see _KEPT_NAMES); a proxy with a user in it is not.
+    Loopback is never proxied (`no_proxy`): the cluster's servers are on it, and their tokens must not go to
+    a proxy the shell names."""
+    kept = {
         name: value
         for name, value in environ.items()
-        if (name in _KEPT_NAMES or name.startswith(_KEPT_PREFIXES))
+        if name in _KEPT_NAMES
         and not any(word in name.upper() for word in _SECRET_WORDS)
         and not ("PROXY" in name.upper() and "@" in value)
     }
+    return {**kept, **no_proxy(environ)}
+
+
+def no_proxy(environ=os.environ) -> dict:
+    """`NO_PROXY` and `no_proxy` with loopback added to what `environ` has (clients read one or the other)."""
+    given = [h.strip() for v in (environ.get("NO_PROXY"), environ.get("no_proxy")) if v for h in v.split(",")]
+    hosts = ",".join(dict.fromkeys([*filter(None, given), *LOOPBACK]))
+    return {"NO_PROXY": hosts, "no_proxy": hosts}
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -403,6 +417,7 @@ def up(
         # `make job` runs a notebook in smoke mode on this cluster only (ci/submit_job.py), at its full-scale
         # values on any other RAY_API_SERVER_ADDRESS.
         "LLM_NOTEBOOKS_LOCAL_CLUSTER": f"http://127.0.0.1:{dashboard_port}",
+        **no_proxy(),  # a shell's HTTP(S)_PROXY never sees the tokens sent to these loopback servers
     }
     # The secrets stay in cluster.env alone (and in the nodes' environment).
     shown = {k: v for k, v in driver.items() if k not in ("AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN")}

@@ -469,3 +469,67 @@ def test_no_metrics_exporter_listens(ray_cluster):
     for port in ports:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"metrics exporter on port {port}"
+
+
+def test_no_other_user_can_enter_a_ray_session_folder(ray_cluster):
+    # Ray opens its temp dir and session folders to every user (0777, no sticky bit): another local user
+    # could swap a job's unpacked code. Each node's temp dir sits in a folder only its owner can enter.
+    from pathlib import Path
+
+    temp_dirs = json.loads((CLUSTER_DIR / "state.json").read_text())["temp_dirs"]
+    assert len(temp_dirs) >= 2, temp_dirs
+    for temp_dir in map(Path, temp_dirs):
+        assert any(temp_dir.glob("session_*")), temp_dir  # Ray's sessions are in it
+        assert temp_dir.parent.stat().st_mode & 0o077 == 0, (
+            temp_dir.parent,
+            oct(temp_dir.parent.stat().st_mode),
+        )
+        assert temp_dir.parent.stat().st_uid == os.getuid()
+
+
+def test_a_proxy_in_the_shell_never_gets_the_clusters_tokens(ray_cluster):
+    # A shell with HTTP(S)_PROXY and no NO_PROXY sources cluster.env: MLflow's bearer token, the Ray job
+    # server's token and the bucket's signed requests must reach the loopback servers, not the proxy.
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.5)
+    proxy = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    shell = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+    shell.update({var: proxy for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")})
+    sourced = subprocess.run(
+        ["bash", "-c", f'. "{CLUSTER_DIR / "cluster.env"}" && env -0'],
+        env=shell,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    env = dict(line.split("=", 1) for line in sourced.split("\0") if "=" in line)
+    code = (
+        "import os, boto3\n"
+        "from mlflow.tracking import MlflowClient\n"
+        "from ray.job_submission import JobSubmissionClient\n"
+        "print(len(MlflowClient().search_experiments()))\n"
+        "print(len(JobSubmissionClient().list_jobs()))\n"
+        "bucket = os.environ['STORAGE_PATH'].split('/')[2]\n"
+        "print(boto3.client('s3').list_objects_v2(Bucket=bucket, MaxKeys=1)['ResponseMetadata']['HTTPStatusCode'])\n"
+    )
+    try:
+        proc = _driver(
+            code, env, timeout=40
+        )  # a request sent to the proxy waits for an answer that never comes
+    except subprocess.TimeoutExpired:
+        proc = None
+    try:
+        connection, _ = listener.accept()
+        connection.close()
+        reached = True
+    except TimeoutError:
+        reached = False
+    finally:
+        listener.close()
+    assert not reached, "a request to the cluster went to the shell's proxy"
+    assert proc is not None and proc.returncode == 0, proc and proc.stderr[-3000:]
