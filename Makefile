@@ -135,9 +135,11 @@ job: install
 
 # A notebook's "will it fit?" plan for its full-scale values, offline, without running it (ci/plan.py):
 # make plan NOTEBOOK=llama_fsdp ARGS="-p NUM_WORKERS 8". Exits 2 where the run would not fit.
+# NOTEBOOK and ARGS reach the script through the environment, never pasted into the shell line.
+plan: export NOTEBOOK := $(NOTEBOOK)
+plan: export ARGS := $(ARGS)
 plan: install
-	@test -n "$(NOTEBOOK)" || { echo "NOTEBOOK=<name> is required, e.g. make plan NOTEBOOK=llama_fsdp"; exit 1; }
-	$(BIN)/python ci/plan.py $(NOTEBOOK) $(ARGS)
+	@$(BIN)/python ci/plan.py --from-environment
 
 # Storage that stalls: the bucket answers nothing for SECONDS (the S3 server paused, then resumed).
 SECONDS ?= 25

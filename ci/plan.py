@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
+import shlex
 import sys
 import tempfile
 import warnings
@@ -27,17 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def parameters(notebook: str, overrides: list[tuple[str, str]]) -> dict:
     """The notebook's parameters cell, run here (SMOKE_TEST as the environment says: unset, False), with
     `overrides` (papermill's `-p` values: a Python literal, or else the string) over it."""
-    path = ROOT / "notebooks" / f"{notebook}.ipynb"
-    if not path.exists():
-        known = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
-        raise SystemExit(f"NOTEBOOK={notebook!r}: no notebooks/{notebook}.ipynb; one of {known}")
-    cells = json.loads(path.read_text())["cells"]
+    known = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    if notebook not in known:  # a name, never a path: a notebook's parameters cell is run here
+        raise Refused(f"NOTEBOOK={notebook!r}: not a notebook of this project; one of {known}")
+    cells = json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
     cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
     namespace: dict = {}
     exec("".join(cell["source"]), namespace)  # noqa: S102 - the project's own notebook
     for name, text in overrides:
         if name not in namespace:
-            raise SystemExit(f"-p {name}: {notebook} has no parameter {name}")
+            raise Refused(f"-p {name}: {notebook} has no parameter {name}")
         try:
             namespace[name] = ast.literal_eval(text)
         except (ValueError, SyntaxError):
@@ -45,15 +46,54 @@ def parameters(notebook: str, overrides: list[tuple[str, str]]) -> dict:
     return {k: v for k, v in namespace.items() if k.isupper()}
 
 
+class Refused(Exception):
+    """A value `make plan` does not take: one line, exit status 2."""
+
+
+def _offline_model(p: dict) -> None:
+    """`make plan` reads no network: MODEL_NAME is a model whose config ships with `helpers`, or a local
+    folder with a `config.json`."""
+    from helpers.plan import SHIPPED
+
+    name = p.get("MODEL_NAME")
+    if name is None or name in SHIPPED or (Path(str(name)) / "config.json").is_file():
+        return
+    raise Refused(
+        f"MODEL_NAME={str(name)[:80]!r}: `make plan` is offline; it knows {sorted(SHIPPED)}, "
+        "or give a local folder with the model's config.json."
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and status 2, as every refusal here
+        raise Refused(message)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("notebook", help="e.g. llama_fsdp")
+    parser = _Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebook", nargs="?", help="e.g. llama_fsdp")
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--from-environment", action="store_true", help="`make plan`: NOTEBOOK and ARGS from the environment"
+    )
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ[var] = "1"  # nothing here reaches the network
     sys.path.insert(0, str(ROOT))
+    try:
+        args = parser.parse_args(argv)
+        if args.from_environment:  # as a shell would split ARGS, never run by one
+            args = parser.parse_args(
+                [os.environ.get("NOTEBOOK", ""), *shlex.split(os.environ.get("ARGS", ""))]
+            )
+        if not args.notebook:
+            raise Refused("NOTEBOOK=<name> is required, e.g. make plan NOTEBOOK=llama_fsdp")
+        p = parameters(args.notebook, args.p)
+        _offline_model(p)
+    except (Refused, ValueError) as exc:
+        print(f"Not planned: {exc}", file=sys.stderr)
+        return 2
     import pandas as pd
 
-    p = parameters(args.notebook, args.p)
     pd.set_option("display.width", 200)
     with tempfile.TemporaryDirectory(prefix="plan-") as storage:
         p["STORAGE_PATH"] = storage  # the cluster's storage is not checked from here

@@ -489,6 +489,25 @@ def _stored_bytes(config) -> int:
     return {"float32": 4, "float64": 8}.get(str(config.dtype).removeprefix("torch."), 2)
 
 
+MAX_NODES = 10_000  # of one type in CLUSTER: more than any cluster has, few enough to plan at once
+
+
+def check_cluster(cluster) -> None:
+    """`CLUSTER`: {node type: count}, known types, whole counts from 1 to MAX_NODES (a count of 10**22, or
+    1e999, is an error in one line, not a plan that never ends)."""
+    if not isinstance(cluster, dict) or not cluster:
+        raise ParameterError(f"CLUSTER={cluster!r}: give {{node type: count}}, e.g. {{'p4de.24xlarge': 2}}.")
+    unknown = sorted(str(t) for t in set(cluster) - set(NODE_TYPES))
+    if unknown:
+        raise ParameterError(f"CLUSTER: unknown node type(s) {unknown}; known: {sorted(NODE_TYPES)}.")
+    for name, count in cluster.items():
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_NODES:
+            shown = repr(count) if len(repr(count)) <= 24 else f"{repr(count)[:20]}..."
+            raise ParameterError(
+                f"CLUSTER: {name!r}: {shown} nodes; give a whole number from 1 to {MAX_NODES}."
+            )
+
+
 def _placement(cluster: dict[str, int] | None, n: int) -> dict:
     """The node that fits worst (the least host RAM per GPU: rank 0 can land on any GPU node), how many
     workers it holds, and what one worker's device has; on CPU, this machine shared by the workers."""
@@ -496,11 +515,9 @@ def _placement(cluster: dict[str, int] | None, n: int) -> dict:
         node = _local_node()
         return dict(on_gpu=False, node=node, per_node=n, nodes=1, device_have=node.memory // n,
                     device_name="CPU worker's share of RAM", where_device="per CPU worker")  # fmt: skip
-    unknown = sorted(set(cluster) - set(NODE_TYPES))
-    if unknown:
-        raise ParameterError(f"CLUSTER: unknown node type(s) {unknown}; known: {sorted(NODE_TYPES)}.")
-    gpu_nodes = [NODE_TYPES[t] for t, count in cluster.items() for _ in range(count) if NODE_TYPES[t].gpus]
-    gpus = sum(node.gpus for node in gpu_nodes)
+    check_cluster(cluster)
+    gpu_nodes = [NODE_TYPES[t] for t in cluster if NODE_TYPES[t].gpus]
+    gpus = sum(NODE_TYPES[t].gpus * count for t, count in cluster.items())
     if gpus < n:
         raise ParameterError(
             f"NUM_WORKERS={n} needs {n} GPUs; CLUSTER={cluster} has {gpus}. "

@@ -6,6 +6,7 @@ What the plan says against what the smoke runs' shards really hold is tested wit
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -363,8 +364,48 @@ def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fi
     # One p4de for full fine-tuning of 70B: the GPU row is too big, and the refusal says what to change.
     assert plan.main(["llama_fsdp", "-p", "NUM_WORKERS", "8", "-p", "CLUSTER", "{'p4de.24xlarge': 1}"]) == 2
     assert "Does not fit" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="llama_fsdp has no parameter NUM_WORKER"):
-        plan.main(["llama_fsdp", "-p", "NUM_WORKER", "8"])
+    assert plan.main(["llama_fsdp", "-p", "NUM_WORKER", "8"]) == 2
+    assert "llama_fsdp has no parameter NUM_WORKER" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "notebook, args",
+    [
+        ("llama_fsdp", "-p CLUSTER \"{'p4de.24xlarge': 10000000000000000000000}\""),  # hung, memory growing
+        ("llama_fsdp", "-p CLUSTER \"{'p4de.24xlarge': 1e999}\""),  # a 23-line traceback
+        ("llama_fsdp", "-p MODEL_NAME no-such/model"),  # a Hub request
+        ("llama_fsdp", "-p MODEL_NAME ../../../../etc/hostname"),  # read
+        ("../notebooks/llama_fsdp", ""),  # its parameters cell would run
+        ("llama_fsdp;touch {canary}", ""),  # pasted into the recipe's shell line
+        ("llama_fsdp", "-p MODEL_NAME x;touch {canary}"),
+        ("llama_fsdp", "-p FOO 1"),  # exited 1
+    ],
+)
+def test_make_plan_refuses_what_it_cannot_plan_in_one_line_offline(notebook, args, tmp_path):
+    import subprocess
+    import time
+
+    canary = tmp_path / "touched"
+    env = {**os.environ, "HF_HUB_OFFLINE": "0"}  # it must go offline by itself
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [
+            "make",
+            "-s",
+            "plan",
+            "NOTEBOOK=" + notebook.replace("{canary}", str(canary)),
+            "ARGS=" + args.replace("{canary}", str(canary)),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.perf_counter() - started < 10
+    assert proc.returncode == 2 and not canary.exists(), (proc.returncode, proc.stdout, proc.stderr)
+    refusals = [line for line in proc.stderr.splitlines() if not line.startswith("make")]
+    assert len(refusals) == 1 and refusals[0].startswith(("Not planned:", "Does not fit")), proc.stderr
 
 
 def test_the_plan_agrees_with_the_peaks_measured_on_gpus():
