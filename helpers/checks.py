@@ -22,7 +22,7 @@ import math
 import re
 from collections.abc import Callable
 
-from .storage import redact
+from .storage import redact, shown
 from .validate import ParameterError, check_choice, check_int, check_positive
 
 __all__ = [
@@ -282,11 +282,13 @@ def _llama_lora(p: dict) -> None:
     check_int("LORA_RANK", p["LORA_RANK"], minimum=1)
     check_positive("LORA_ALPHA", p["LORA_ALPHA"])
     check_choice("LORA_MERGED", p["LORA_MERGED"], [True, False])
-    _llama(p)
+    # "When a worker dies" trains a run of its own, KILL_WORKER_AT_STEP + 1 steps: any step will do.
+    _llama(p, kill_steps=None)
 
 
-def _llama(p: dict) -> None:
-    """What both Llama notebooks check: the recipe's numbers."""
+def _llama(p: dict, kill_steps: int | None = -1) -> None:
+    """What both Llama notebooks check: the recipe's numbers. `kill_steps`: the steps of the run that
+    KILL_WORKER_AT_STEP kills a worker in (-1: MAX_STEPS; None: unbounded)."""
     check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=16)
     check_int("MAX_STEPS", p["MAX_STEPS"], minimum=1)
     check_int("GRADIENT_ACCUMULATION_STEPS", p["GRADIENT_ACCUMULATION_STEPS"], minimum=1)
@@ -299,7 +301,7 @@ def _llama(p: dict) -> None:
         value = p[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise ParameterError(f"{name}={value!r}: must be a number in [0, 1).")
-    _common(p, p["MAX_STEPS"])
+    _common(p, p["MAX_STEPS"] if kill_steps == -1 else kill_steps)
 
 
 def _glue(p: dict) -> None:
@@ -482,7 +484,9 @@ def check_parameters(notebook: str, namespace: dict):
 
     check_tracking()  # last: the checks above need no MLflow
     model = p["MODEL_NAME"].rstrip("/").split("/")[-1]
-    print(f"Parameters OK: {model} on {p['NUM_WORKERS']} workers, checkpoints in {redact(p['STORAGE_PATH'])}")
+    print(
+        f"Parameters OK: {model} on {p['NUM_WORKERS']} workers, checkpoints in {shown(redact(p['STORAGE_PATH']))}"
+    )
     return plan
 
 
@@ -528,7 +532,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
         else f"{fewest} to {p['NUM_WORKERS']} workers"
     )
     _check_tracking_from_nodes()
-    print(f"Cluster OK: room for {room}{where}; runs tracked in MLflow at {redact(tracking_uri())}")
+    print(f"Cluster OK: room for {room}{where}; runs tracked in MLflow at {shown(redact(tracking_uri()))}")
 
 
 # ---- the cheapest cluster that fits: each instance type, full fine-tuning against LoRA ------------------

@@ -363,6 +363,8 @@ def start_ray(
         _route_worker_logs(path, show_worker_logs)
         # Ray Data says once, as a warning, that its progress bars are off: they are, on purpose (RAY_ENV).
         logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+    from .storage import shown
+
     resources = ray.cluster_resources()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     gpus = f", {resources.get('GPU', 0):g} GPUs" if resources.get("GPU") else ", no GPU"
@@ -375,7 +377,7 @@ def start_ray(
     )
     print(
         f"Ray: {how} {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs{gpus}. "
-        f"Workers' output: {_worker_log_path() or 'shown here'}"
+        f"Workers' output: {shown(str(_worker_log_path())) if _worker_log_path() else 'shown here'}"
     )
     return resources
 

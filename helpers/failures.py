@@ -264,9 +264,11 @@ def show_progress(run_log, poll_seconds: float = 0.5) -> Iterator[None]:
 
     def flush() -> None:
         nonlocal printed
+        from .storage import shown
+
         lines = ray.get(run_log.lines_since.remote(printed))
         for line in lines:
-            print(line, flush=True)
+            print(shown(line), flush=True)  # a checkpoint's path: `~/...`
         printed += len(lines)
 
     def follow() -> None:

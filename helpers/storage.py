@@ -61,6 +61,15 @@ def redact(value):
     return f"{match['scheme']}://***@{match['rest']}"
 
 
+def shown(text: str, shell: bool = False) -> str:
+    """`text` (a path, or a URI) with the home folder written `~` (`$HOME` where `shell`: a command to copy),
+    for the lines a notebook prints: short enough for the docs' pages, and without the machine's user."""
+    home = os.path.expanduser("~")
+    if not isinstance(text, str) or home in ("", "/"):
+        return text
+    return text.replace(home.rstrip("/") + "/", ("$HOME" if shell else "~") + "/")
+
+
 def _write_probe(fs, path: str) -> None:
     """Create `path` and write, read back and delete one small object there."""
     fs.create_dir(path, recursive=True)

@@ -468,4 +468,6 @@ def ui_command() -> str:
     uri = tracking_uri()
     if urlparse(uri).scheme in ("http", "https"):
         return f"open {_shown(uri)} in a browser"
-    return f"mlflow ui --backend-store-uri {uri}"
+    from .storage import shown
+
+    return f"mlflow ui --backend-store-uri {shown(uri, shell=True)}"
