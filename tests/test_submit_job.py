@@ -69,7 +69,7 @@ def test_make_job_reads_the_projects_cluster_env_from_any_folder(tmp_path):
     )
     # What the caller typed reaches the script through the environment, not the shell line.
     submit = proc.stdout.strip().splitlines()[-1]
-    assert submit.endswith("submit_job.py\" --from-environment"), proc.stdout
+    assert submit.endswith('submit_job.py" --from-environment'), proc.stdout
 
 
 def test_make_job_runs_on_the_cluster_the_shell_names_at_full_scale():
