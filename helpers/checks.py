@@ -514,7 +514,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
         name="MIN_WORKERS" if fewest < p["NUM_WORKERS"] else "NUM_WORKERS",
     )
     nodes = _check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
-    where = f"; every node ({nodes}) can write to the bucket" if nodes else ""
+    where = f"; every node ({nodes}) reaches STORAGE_PATH" if nodes else ""
     plan = p.get("plan")  # the Set up cell's, from check_parameters
     if isinstance(plan, Plan):  # before the Llama prefetch below: its download is what may not fit
         needs = {"hub cache": plan.details["hub_download_bytes"], "temp": plan.details["temp_file_bytes"]}

@@ -521,14 +521,14 @@ def _check_storage_from_nodes(name: str, value: str) -> int:
     Checkpoints are written by the workers, not by the notebook, and Ray does not send the driver's
     environment to them: a node without the bucket's credentials (instance credentials on a real
     cluster, the AWS_* variables here) fails only when its first checkpoint is uploaded, minutes or
-    hours in. This finds it before `fit()`. A local folder is not checked (it is the same disk only on
-    one machine, or on NFS).
+    hours in. This finds it before `fit()`. A local folder must be one folder on every node
+    (`_check_shared_folder`).
     """
     from .storage import _is_uri, _write_probe
     from .validate import ParameterError
 
     if not _is_uri(value) or value.startswith("file://"):
-        return 0
+        return _check_shared_folder(name, value.removeprefix("file://"))
 
     def probe(uri: str) -> str | None:
         import pyarrow.fs as pafs
@@ -548,6 +548,42 @@ def _check_storage_from_nodes(name: str, value: str) -> int:
             f"{name}={value!r}: {len(failed)} of {len(answers)} Ray nodes cannot write there ({lines}). "
             "Workers write the checkpoints, so every node needs the bucket's credentials: instance "
             "credentials, or the AWS_* variables in each node's environment when it was started."
+        )
+    return len(answers)
+
+
+def _read_marker(path: str, token: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == token
+    except OSError:
+        return False
+
+
+def _check_shared_folder(name: str, folder: str) -> int:
+    """A local `STORAGE_PATH` is one folder on every node (NFS, Anyscale's /mnt/cluster_storage), or each
+    node keeps its own checkpoint shards and the first resume fails, hours in (Ray does not check a folder
+    the workers write themselves). This notebook writes a marker there and every node must read it back;
+    return how many nodes did."""
+    import uuid
+
+    from .validate import ParameterError
+
+    token = uuid.uuid4().hex
+    marker = os.path.join(folder, f".llm-notebooks-shared-{token}")
+    os.makedirs(folder, exist_ok=True)
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(token)
+    try:
+        answers = _on_every_node(_read_marker, marker, token)
+    finally:
+        os.remove(marker)
+    missing = sorted(node for node, seen in answers.items() if not seen)
+    if missing:
+        raise ParameterError(
+            f"{name}={folder!r}: {len(missing)} of {len(answers)} Ray nodes do not see this folder's files "
+            f"({', '.join(missing)}): each would keep its own checkpoints, and resuming would fail. Use a folder "
+            "every node shares (NFS; /mnt/cluster_storage on Anyscale) or a bucket (s3://...)."
         )
     return len(answers)
 

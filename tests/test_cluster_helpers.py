@@ -287,3 +287,26 @@ def test_a_small_json_next_to_a_checkpoint_has_the_checkpoints_deadline(tmp_path
             write_json(Stalled(), "bucket/trainer_state.json", {"step": 12}, stall_s=0.2, tries=2)
     finally:
         release.set()
+
+
+def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeypatch):
+    # /mnt/cluster_storage/ passes wherever /mnt is writable; each node keeping its own shards would fail the
+    # first resume, after hours. The notebook writes a marker, and every node must read it back.
+    from helpers import cluster
+
+    seen = {}
+
+    def every_node(check, *args, use_gpu=False):
+        seen["here"] = check(*args)  # this machine sees what it wrote
+        return {"10.0.0.1 head": seen["here"], "10.0.0.2 worker": check(str(tmp_path / "elsewhere"), args[1])}
+
+    monkeypatch.setattr(cluster, "_on_every_node", every_node)
+    with pytest.raises(
+        helpers.ParameterError, match=r"STORAGE_PATH=.*1 of 2 Ray nodes do not see .*10.0.0.2"
+    ):
+        cluster._check_storage_from_nodes("STORAGE_PATH", str(tmp_path / "runs"))
+    assert seen["here"] is True and list((tmp_path / "runs").iterdir()) == []  # the marker is gone
+    monkeypatch.setattr(
+        cluster, "_on_every_node", lambda check, *args, **kw: {"a": check(*args), "b": check(*args)}
+    )
+    assert cluster._check_storage_from_nodes("STORAGE_PATH", f"file://{tmp_path / 'runs'}") == 2
