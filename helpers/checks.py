@@ -506,6 +506,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
 
     _notebook(notebook)
     p = namespace
+    _check_tracking_from_nodes()  # first: before the weights' download below
     fewest = _min_workers(p)  # an elastic run starts with as many as it gets, at least MIN_WORKERS
     check_resources(
         fewest,
@@ -531,7 +532,6 @@ def check_cluster(notebook: str, namespace: dict) -> None:
         if fewest == p["NUM_WORKERS"]
         else f"{fewest} to {p['NUM_WORKERS']} workers"
     )
-    _check_tracking_from_nodes()
     print(f"Cluster OK: room for {room}{where}; runs tracked in MLflow at {shown(redact(tracking_uri()))}")
 
 

@@ -122,15 +122,29 @@ def watch(
     a step of this run, with a rank 1 to kill). A new MLflow run records the notebook's parameters, unless
     `mlflow_run_id` continues one (a resumed run)."""
     from .failures import check_kill_step, run_log
-    from .tracking import start_run
 
     if print_every is None:
         print_every = namespace.get("LOGGING_STEPS") or max(1, total_steps // 6)
     kill_at_step = int(kill_at_step or 0)
     check_kill_step("KILL_WORKER_AT_STEP", kill_at_step, namespace["NUM_WORKERS"], total_steps)
-    run_id = mlflow_run_id or start_run(notebook, namespace)
+    run_id = mlflow_run_id or _start_run(notebook, namespace)
     log = run_log(total_steps, print_every, kill_at_step, run_id)
     return Watch(log, run_id, kill_at_step, total_steps, print_every)
+
+
+def _start_run(notebook: str, namespace: dict) -> str | None:
+    """A new MLflow run, within a bounded wait: a tracking server that stopped answering since the Set up
+    cell costs the run its record there (one line says so), never the training."""
+    from .tracking import _bounded, _shown, start_run, tracking_uri
+
+    try:
+        with _bounded():
+            return start_run(notebook, namespace)
+    except Exception as exc:  # noqa: BLE001 - tracking is a record of the run, not the run
+        print(
+            f"MLflow at {_shown(tracking_uri())} did not answer ({exc.__class__.__name__}): this run is not tracked."
+        )
+        return None
 
 
 _SHARES = {  # what each framework's observer calls a rank's share of what it shards

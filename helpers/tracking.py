@@ -147,6 +147,11 @@ def check_tracking() -> str:
                 f"{URI}={shown!r}: no tracking server answers there ({reason}). Start it, correct the "
                 f"address, or unset {URI} to keep runs in this machine's store ({_default_uri()})."
             )
+        if reason := _credential_refused(uri, timeout=5):
+            raise ParameterError(
+                f"{URI}={shown!r}: the tracking server refuses this notebook's credential ({reason}). Set "
+                "MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, to one it takes."
+            )
     elif scheme in _LOCAL_SCHEMES:
         path = Path(urlparse(uri).path if scheme else uri)
         folder = path.parent if scheme == "sqlite" else path
@@ -170,9 +175,32 @@ def _no_answer(uri: str, timeout: float) -> str | None:
     return None
 
 
+def _credential_refused(uri: str, timeout: float) -> str | None:
+    """Why the server at `uri` refuses the credential MLflow's client would send (None: it takes it), from
+    one authenticated request bounded by `timeout` (`/health` needs none: a 401 there says nothing)."""
+    import base64
+
+    request = urllib.request.Request(
+        uri.rstrip("/") + "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+    )
+    if token := os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {token}")
+    elif user := os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        pair = f"{user}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}".encode()
+        request.add_header("Authorization", f"Basic {base64.b64encode(pair).decode()}")
+    try:
+        urllib.request.urlopen(request, timeout=timeout).close()
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}" if exc.code in (401, 403) else None
+    except (OSError, ValueError) as exc:
+        return str(getattr(exc, "reason", exc))
+    return None
+
+
 def _check_tracking_from_nodes() -> None:
-    """After Ray started: a store on this machine's disk (the embedded default) only serves workers on
-    this machine. Fail, naming `MLFLOW_TRACKING_URI`, if some node is another machine."""
+    """Right after Ray starts: a store on this machine's disk (the embedded default) serves this notebook
+    and the run log, which lives on the head node (no worker writes to MLflow): fine where this notebook
+    runs on the head node. Fail, naming `MLFLOW_TRACKING_URI`, where it does not."""
     import ray
 
     from .validate import ParameterError
@@ -180,15 +208,15 @@ def _check_tracking_from_nodes() -> None:
     uri = tracking_uri()
     if urlparse(uri).scheme not in _LOCAL_SCHEMES:
         return
-    here = ray.util.get_node_ip_address()
-    addresses = {n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")}
-    others = sorted(addresses - {here, None})
-    if others:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    head = [n for n in nodes if "node:__internal_head__" in n.get("Resources", {})]
+    here = ray.get_runtime_context().get_node_id()
+    if head and head[0]["NodeID"] != here:
         raise ParameterError(
             f"{URI} is {'not set' if URI not in os.environ else repr(_shown(uri))}: runs would go to a file on "
-            f"this machine ({uri}), which the workers on {', '.join(others)} cannot write. Set {URI} to a "
-            "tracking server every node reaches (a team's server, Databricks, or `mlflow server --host "
-            "<the head node's private address> --backend-store-uri sqlite:///mlflow.db` on the head node)."
+            f"this machine ({uri}), but the run log that writes them lives on the head node "
+            f"({head[0].get('NodeManagerAddress')}). Set {URI} to a tracking server the head node reaches, "
+            "or run this notebook on the head node."
         )
 
 

@@ -533,3 +533,16 @@ def test_a_proxy_in_the_shell_never_gets_the_clusters_tokens(ray_cluster):
         listener.close()
     assert not reached, "a request to the cluster went to the shell's proxy"
     assert proc is not None and proc.returncode == 0, proc and proc.stderr[-3000:]
+
+
+def test_a_tracking_credential_the_server_refuses_fails_in_the_first_cells(ray_cluster, monkeypatch):
+    # `/health` answers 401 to anyone: a server being up said nothing of the notebook's credential, which
+    # then failed at the first `start_run`, in the training cell.
+    from helpers import ParameterError, tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", ray_cluster["MLFLOW_TRACKING_URI"])
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", ray_cluster["MLFLOW_TRACKING_TOKEN"])
+    assert tracking.check_tracking() == ray_cluster["MLFLOW_TRACKING_URI"]
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "not-the-token")
+    with pytest.raises(ParameterError, match=r"refuses this notebook's credential \(HTTP 40[13]\)"):
+        tracking.check_tracking()
