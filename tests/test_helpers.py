@@ -197,6 +197,7 @@ def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsy
     `train_func`, before the first collective) instead of failing on an empty cluster."""
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])  # the head node only
     monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
+    monkeypatch.setattr(helpers.cluster, "_check_shared_folder", lambda name, folder: 1)  # one machine
     namespace = {
         "NUM_WORKERS": 16,
         "USE_GPU": True,
