@@ -23,6 +23,9 @@ _DENSE_BF16_OVERRIDES = {
     "h100 nvl": 835.5e12,  # datasheet: 1,671 TFLOPS with sparsity (Lightning: 1978.8e12)
     "h200 sxm": 989.5e12,  # datasheet: 1,979 TFLOPS with sparsity (Lightning "h200 sxm1": 2.0e15)
     "h200 nvl": 835.5e12,  # datasheet: 1,671 TFLOPS with sparsity (Lightning "h200 nvl1": 1.7e15)
+    # Lightning reads any "l4..." name but a Tesla one as an L4 (121e12): an L40S is 3x that, an L40 1.5x.
+    "l40s": 362.05e12,  # datasheet: 733 TFLOPS with sparsity
+    "l40": 181.05e12,  # datasheet: 362.1 TFLOPS with sparsity
 }
 
 
@@ -32,6 +35,8 @@ def _chip(device_name: str) -> str | None:
         return "h200 nvl" if "nvl" in name else "h200 sxm"
     if "h100" in name and "nvl" in name:
         return "h100 nvl"
+    if "l40" in name:
+        return "l40s" if "l40s" in name else "l40"
     return None
 
 

@@ -355,3 +355,15 @@ def test_set_up_gives_the_cluster_check_its_plan(monkeypatch):
     monkeypatch.setattr(checks, "check_cluster", lambda name, namespace: seen.update(namespace))
     assert helpers.set_up("glue_text_classification", {"SMOKE_TEST": False}) is plan
     assert seen["plan"] is plan
+
+
+@pytest.mark.parametrize(
+    ("device_name", "expected"),
+    [("NVIDIA L40S", 362.05e12), ("NVIDIA L40", 181.05e12), ("NVIDIA L4", 121e12)],
+)
+def test_an_l40s_is_not_read_as_an_l4(monkeypatch, device_name, expected):
+    # Lightning's table maps every "l4..." name to the L4: an L40S's MFU came out about 3x too high.
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
+    assert helpers.flops.dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(expected)
