@@ -366,4 +366,6 @@ def test_an_l40s_is_not_read_as_an_l4(monkeypatch, device_name, expected):
     import torch
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
-    assert helpers.flops.dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(expected)
+    from helpers.flops import dense_peak_flops
+
+    assert dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(expected)
