@@ -497,6 +497,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     (`prefetch_model_on_nodes`)."""
     from .cluster import (
         _check_storage_from_nodes,
+        check_gpus_match_cluster,
         check_local_disk_on_nodes,
         check_resources,
         prefetch_model_on_nodes,
@@ -516,6 +517,8 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     )
     nodes = _check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
     where = f"; every node ({nodes}) reaches STORAGE_PATH" if nodes else ""
+    if gpu_nodes := check_gpus_match_cluster(p):
+        where += f"; the GPUs of {gpu_nodes} node(s) are CLUSTER's"
     plan = p.get("plan")  # the Set up cell's, from check_parameters
     if isinstance(plan, Plan):  # before the Llama prefetch below: its download is what may not fit
         needs = {"hub cache": plan.details["hub_download_bytes"], "temp": plan.details["temp_file_bytes"]}

@@ -588,6 +588,47 @@ def _check_shared_folder(name: str, folder: str) -> int:
     return len(answers)
 
 
+def _gpu_memory_bytes() -> int | None:
+    """The smallest GPU's memory on this node, as its driver reports it (`nvidia-smi`); None without one."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        return min(int(line) for line in out.split()) * 2**20
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def check_gpus_match_cluster(p: dict) -> int:
+    """The plan counted the GPUs of `CLUSTER`; the nodes have what they have. Fail, naming `CLUSTER`, where a
+    GPU node's GPUs have less memory than the plan's (16 A100-40GB planned as the default's A100-80GB would
+    fail after the weights' download). Returns how many GPU nodes were checked."""
+    from .plan import NODE_TYPES
+    from .validate import ParameterError
+
+    types = [NODE_TYPES[t] for t in (p.get("CLUSTER") or {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
+    if not p.get("USE_GPU") or not types:
+        return 0
+    planned = min(types, key=lambda t: t.gpu_memory)
+    answers = _on_every_node(_gpu_memory_bytes, use_gpu=True)
+    # nvidia-smi counts a little more than torch (80 GiB against 79.2 on an A100-80GB): 5 % of room
+    short = {node: have for node, have in answers.items() if have and have < 0.95 * planned.gpu_memory}
+    if short:
+        found = ", ".join(f"{node}: {have / 2**30:.0f} GiB" for node, have in sorted(short.items()))
+        raise ParameterError(
+            f"CLUSTER={p['CLUSTER']!r}: the plan counts {planned.gpu} GPUs of {planned.gpu_memory / 2**30:.1f} "
+            f"GiB, but {len(short)} of this cluster's {len(answers)} GPU node(s) have less ({found}). Set CLUSTER "
+            "to the node type you have, so that the plan counts its GPUs."
+        )
+    return len(answers)
+
+
 def fetch_model(model_name: str) -> float:
     """Put `model_name`'s weights, config and tokenizer in this node's Hugging Face cache; return seconds.
 

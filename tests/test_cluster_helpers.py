@@ -310,3 +310,17 @@ def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeyp
         cluster, "_on_every_node", lambda check, *args, **kw: {"a": check(*args), "b": check(*args)}
     )
     assert cluster._check_storage_from_nodes("STORAGE_PATH", f"file://{tmp_path / 'runs'}") == 2
+
+
+def test_a_cluster_whose_gpus_are_smaller_than_the_plans_is_refused(monkeypatch):
+    # Sixteen A100-40GB under the default {"p4de.24xlarge": 2}: the plan's 98 % of 80 GB passed, and the run
+    # failed after the 138 GB download. Each GPU node says what its GPUs have (nvidia-smi, in a task there).
+    from helpers import cluster
+
+    p = {"USE_GPU": True, "CLUSTER": {"p4de.24xlarge": 2}}
+    monkeypatch.setattr(cluster, "_on_every_node", lambda check, **kw: {"a": 40 * 2**30, "b": 40 * 2**30})
+    with pytest.raises(helpers.ParameterError, match=r"CLUSTER=.*A100-80GB.*2 of this cluster's 2 GPU node"):
+        cluster.check_gpus_match_cluster(p)
+    monkeypatch.setattr(cluster, "_on_every_node", lambda check, **kw: {"a": 80 * 2**30, "b": None})
+    assert cluster.check_gpus_match_cluster(p) == 2  # 80 GiB as nvidia-smi counts; a node that cannot tell
+    assert cluster.check_gpus_match_cluster({**p, "USE_GPU": False}) == 0
