@@ -114,6 +114,15 @@ def checkpoint_step(name: str) -> int:
     return int(name.removeprefix("checkpoint_"))
 
 
+def on_the_head_node() -> dict:
+    """What a kernel on the test cluster's head node has, over `notebook_env`: no `RAY_ADDRESS`, and Ray's
+    default temp dir (`RAY_TMPDIR`) the one the head's `ray start` wrote its address to, as a notebook on a
+    real cluster's head node finds the cluster `ray start` runs there."""
+    head = Path(json.loads((CLUSTER_DIR / "state.json").read_text())["temp_dirs"][0])
+    assert head.name == "ray" and (head / "ray_current_cluster").exists(), head
+    return {"RAY_ADDRESS": "", "RAY_TMPDIR": str(head.parent)}
+
+
 def notebook_env(cluster: Mapping[str, str]) -> dict:
     """What a notebook's kernel gets: the cluster's variables, as after `source cluster.env`."""
     return {**os.environ, **cluster}

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from notebook_runs import (
+    ARTIFACTS,
     LAB_START_BUDGET_S,
     ROOT,
     SMOKE_BUDGET_S,
@@ -21,6 +22,7 @@ from notebook_runs import (
     last_checkpoint_before,
     listing,
     mlflow_get,
+    on_the_head_node,
     run_as_job,
 )
 
@@ -136,6 +138,8 @@ def task_runs(ray_cluster):
                 task,
                 cluster=ray_cluster,
                 budget_s=TASK_BUDGET_S,
+                # papermill on the head node, without RAY_ADDRESS: the notebook attaches to the cluster there
+                **({} if task == AS_JOB else {"env": on_the_head_node()}),
             )
             for task, (_, _, passed) in TASKS.items()
         }
@@ -158,6 +162,9 @@ def test_task_learns_above_its_floor(task, task_runs, ray_cluster):
     check_cluster_run(results, ray_cluster, kill_at=None, resumed_from=None, tolerance=0)
     _check_common(results, task, ray_cluster)
     assert results["eval_split"] == split
+    if task != AS_JOB:  # no RAY_ADDRESS: it found the cluster `ray start` runs on its machine, on two nodes
+        executed = (ARTIFACTS / "notebooks" / f"{NAME}-{task}.ipynb").read_text()
+        assert "attached to the cluster `ray start` runs here" in executed and "2 node(s)" in executed
     assert set(results["eval_metrics"]) == set(floors)
     for name, floor in floors.items():
         assert results["eval_metrics"][name] >= floor, (name, results["eval_metrics"])
