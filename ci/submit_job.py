@@ -108,12 +108,21 @@ def _excludes() -> list[str]:
 
     others = [f"/{p.name}" for p in ROOT.iterdir() if p.name not in SHIPPED]
     untracked = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "--others", "--", *SHIPPED],
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--others", "--", *SHIPPED],  # -z: names as they are
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.split()
-    return others + [f"/{path}" for path in untracked]
+    ).stdout.split("\0")
+    return others + [f"/{_escaped(path)}" for path in untracked if path]
+
+
+def _escaped(path: str) -> str:
+    """`path` as a gitignore pattern that matches only itself: glob characters, `#` and `!` escaped, and
+    a trailing space as `[ ]` (a gitignore pattern's trailing spaces are dropped)."""
+    import re
+
+    escaped = re.sub(r"([*?\[\]\\!#])", r"\\\1", path)
+    return escaped[:-1] + "[ ]" if escaped.endswith(" ") else escaped
 
 
 def job_env(environ) -> dict[str, str]:

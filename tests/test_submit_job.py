@@ -53,6 +53,22 @@ def test_a_job_ships_the_notebooks_and_helpers_only(tmp_path, monkeypatch):
     monkeypatch.setattr(submit_job, "ROOT", tmp_path)
     excludes = submit_job._excludes()
     assert sorted(excludes) == sorted(["/.git", "/README.md", "/out.ipynb", "/tests", "/notebooks/out.ipynb"])
+    # Names with spaces, non-ASCII or glob characters are left out too, each matching only itself (as
+    # Ray reads `excludes`: gitignore patterns through pathspec).
+    from ray._private.thirdparty.pathspec import PathSpec  # what Ray's packaging uses
+
+    odd = [
+        "notebooks/my run.ipynb",
+        "notebooks/résumé.ipynb",
+        "notebooks/a[1].ipynb",
+        "helpers/*.py",
+        "helpers/x ",
+    ]
+    for name in odd:
+        (tmp_path / name).write_text("executed")
+    spec = PathSpec.from_lines("gitwildmatch", submit_job._excludes())
+    assert all(spec.match_file(name) for name in odd), [n for n in odd if not spec.match_file(n)]
+    assert not spec.match_file("notebooks/a.ipynb") and not spec.match_file("helpers/__init__.py")
 
 
 def test_make_job_reads_the_projects_cluster_env_from_any_folder(tmp_path):
@@ -153,3 +169,23 @@ def test_make_job_waits_for_a_long_job_to_end(monkeypatch):
     monkeypatch.setattr(submit_job.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(submit_job.time, "sleep", lambda s: None)
     assert submit_job.wait("a-long-job") == "SUCCEEDED"
+
+
+def test_cluster_processes_get_named_variables_never_a_prefix():
+    # LC_PASSWD, PYTHONCANARY and LLM_NOTEBOOKS_CANARY reached 16 of 27 cluster processes through the
+    # prefixes the allowlist took (LC_, PYTHON, LLM_NOTEBOOKS_); loopback is never proxied.
+    sys.path.insert(0, str(ROOT / "ci"))
+    from local_cluster import kept_env
+
+    shell = {
+        "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": "/x",
+        "LLM_NOTEBOOKS_CACHE": "/c",
+        "HTTP_PROXY": "http://p:3128",
+    }
+    canaries = {"LC_PASSWD": "c1", "PYTHONCANARY": "c2", "LLM_NOTEBOOKS_CANARY": "c3", "GITHUB_TOKEN": "c4"}
+    kept = kept_env({**shell, **canaries})
+    assert {k: kept.get(k) for k in shell} == shell and not set(canaries) & set(kept), kept
+    assert {"127.0.0.1", "localhost"} <= set(kept["NO_PROXY"].split(",")) and kept["no_proxy"] == kept[
+        "NO_PROXY"
+    ]
