@@ -140,7 +140,7 @@ def _global_batch(p: dict) -> int:
 def _sequences_per_gpu(p: dict, gpus: int) -> int:
     """Each GPU's sequences in one optimizer step of `p`'s global batch on `gpus` GPUs: whole micro-steps of
     BATCH_SIZE_PER_WORKER, the last ones padded with sequences of weight 0 where the GPUs do not divide the
-    batch (the Llama notebooks' `my_micro_batches`), so GPUs beyond the batch's sequences only wait."""
+    batch (llama_fsdp's `elastic_micro_batches`), so GPUs beyond the batch's sequences only wait."""
     batch = p["BATCH_SIZE_PER_WORKER"]
     return math.ceil(_global_batch(p) / (gpus * batch)) * batch
 

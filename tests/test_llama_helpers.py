@@ -84,3 +84,29 @@ def test_flash_attention_falls_back_with_a_warning_naming_the_parameter():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert helpers.choose_attention(False, use_gpu=True) == "sdpa"
+
+
+def test_llama_recipe_is_generated_from_the_llama_fsdp_notebook():
+    """helpers/llama_recipe.py, which llama_lora imports, holds llama_fsdp's functions marked `# @save`,
+    verbatim (ci/llama_recipe.py writes it); and llama_lora defines none of them again."""
+    import ast
+
+    import llama_recipe  # ci/, on the tests' path
+    import nbformat
+
+    assert llama_recipe.MODULE.read_text() == llama_recipe.render(), (
+        "run: .venv/bin/python ci/llama_recipe.py"
+    )
+    shared = {name for name, _, _ in llama_recipe.marked_functions()}
+    assert {"pack", "shard_model", "my_micro_batches", "train_step", "save_checkpoint"} <= shared
+    lora = nbformat.read(llama_recipe.ROOT / "notebooks" / "llama_lora.ipynb", as_version=4)
+    defined = {
+        node.name
+        for cell in lora.cells
+        if cell.cell_type == "code"
+        for node in ast.walk(ast.parse(cell.source))
+        if isinstance(node, ast.FunctionDef)
+    }
+    assert not defined & shared, (
+        f"llama_lora repeats {sorted(defined & shared)}: import them from helpers.llama_recipe"
+    )
