@@ -35,6 +35,12 @@ _AUTHORIZATION = re.compile(
     r"SignedHeaders=(?P<signed>[a-z0-9;-]+),\s*Signature=(?P<signature>[0-9a-f]{64})$"
 )
 MAX_SKEW_S = 15 * 60  # as S3: a signature older (or newer) than this is refused
+# pyarrow's AWS SDK streams a body in aws-chunked encoding with a checksum after it, which the signature
+# does not cover: the server can check such a body's integrity, not who wrote it. boto3 signs the body's
+# SHA-256 (X-Amz-Content-SHA256), which `_body_problem` checks; UNSIGNED-PAYLOAD and signed chunks are refused.
+STREAMED_WITH_CHECKSUM = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+# Headers that change what a request does: refused unless the signature covers them (as every x-amz-*).
+SIGNED_IF_SENT = {"range", "content-md5", "if-match", "if-none-match"}
 
 
 def _header(environ, name: str) -> str | None:
@@ -75,6 +81,13 @@ def signature_problem(environ, key_id: str, secret: str) -> str | None:
     names = match["signed"].split(";")
     if "host" not in names or "x-amz-content-sha256" not in names:
         return "Host and X-Amz-Content-SHA256 must be signed"
+    present = {k[5:].lower().replace("_", "-") for k in environ if k.startswith("HTTP_")}
+    unsigned = sorted(h for h in present - set(names) if h.startswith("x-amz-") or h in SIGNED_IF_SENT)
+    if unsigned:  # a copy source, a range, a checksum the signature does not cover could be swapped
+        return f"unsigned header(s) {', '.join(unsigned)}"
+    payload = _header(environ, "x-amz-content-sha256") or ""
+    if not re.fullmatch(r"[0-9a-f]{64}", payload) and payload != STREAMED_WITH_CHECKSUM:
+        return f"payload {payload!r} not accepted: its SHA-256, or {STREAMED_WITH_CHECKSUM} (pyarrow's)"
     # The canonical request from the headers the client says it signed, the path as it sent it (S3 does
     # not normalise paths) and the query in canonical form; then botocore's string to sign and signature.
     signer = S3SigV4Auth(Credentials(key_id, secret), "s3", match["region"])
@@ -108,7 +121,7 @@ def guard(app, port: int, key_id: str, secret: str):
         elif environ.get("PATH_INFO", "").startswith("/moto-api"):
             refused = "moto's API is off"
         else:
-            refused = signature_problem(environ, key_id, secret)
+            refused = signature_problem(environ, key_id, secret) or _body_problem(environ)
         if refused:
             start_response("403 Forbidden", [("Content-Type", "text/plain")])
             return [refused.encode()]
@@ -117,6 +130,25 @@ def guard(app, port: int, key_id: str, secret: str):
         return app(environ, start_response)
 
     return guarded
+
+
+def _body_problem(environ) -> str | None:
+    """Why the body is not the one signed (its SHA-256 against the signed X-Amz-Content-SHA256); None if it
+    is. Read here in full and handed on: a replayed request's signature with another body is refused."""
+    import hashlib
+    import io
+
+    if _header(environ, "x-amz-content-sha256") == STREAMED_WITH_CHECKSUM:
+        return None
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length) if length else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    digest = hashlib.sha256(body).hexdigest()
+    return (
+        None
+        if hmac.compare_digest(digest, _header(environ, "x-amz-content-sha256"))
+        else "body does not match"
+    )
 
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d+)$")
@@ -133,19 +165,19 @@ def _ranged_get(environ, start_response):
     path = environ.get("PATH_INFO", "").lstrip("/")
     if not match or "/" not in path or environ.get("QUERY_STRING"):
         return None
-    from urllib.parse import unquote
-
     from moto.core.models import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
 
-    bucket, key_name = path.split("/", 1)
+    bucket, key_name = path.encode("latin-1").decode("utf-8").split("/", 1)  # WSGI: decoded once already
+    begin, end = int(match.group(1)), int(match.group(2))
+    if begin > end:  # not a range S3 serves: moto answers
+        return None
     try:
-        key = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(bucket, unquote(key_name))
+        key = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(bucket, key_name)
     except Exception:  # noqa: BLE001 - no such bucket or key: moto answers with its own error
         return None
     if key is None:
         return None
-    begin, end = int(match.group(1)), int(match.group(2))
     size = key.size
     if begin >= size:
         return None

@@ -364,6 +364,53 @@ def test_the_s3_server_takes_only_requests_signed_with_the_buckets_secret(ray_cl
     good.delete_object(Bucket=bucket, Key="probe/kept.bin")
 
 
+def test_the_s3_server_checks_what_the_signature_covers(ray_cluster):
+    # A signature is checked against the body and every header that changes what a request does: a captured
+    # signed PUT replayed with another body, a copy source or a range added after signing, an unsigned
+    # payload; a key with an escape in it is read once-decoded, and a backwards range is no range.
+    import boto3
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    endpoint, bucket = ray_cluster["AWS_ENDPOINT_URL"], "llm-notebooks"
+    credentials = Credentials(ray_cluster["AWS_ACCESS_KEY_ID"], ray_cluster["AWS_SECRET_ACCESS_KEY"])
+
+    class UnsignedPayload(S3SigV4Auth):
+        def payload(self, request):
+            return "UNSIGNED-PAYLOAD"
+
+    def signed(method: str, key: str, body: bytes = b"", signed_payload: bool = True) -> dict:
+        request = AWSRequest(method=method, url=f"{endpoint}/{bucket}/{key}", data=body)
+        (S3SigV4Auth if signed_payload else UnsignedPayload)(credentials, "s3", "us-east-1").add_auth(request)
+        return dict(request.headers)
+
+    put = signed("PUT", "probe/replayed.bin", b"good")
+    assert _http(f"{endpoint}/{bucket}/probe/replayed.bin", "PUT", put, b"evil")[0] == 403
+    assert _http(f"{endpoint}/{bucket}/probe/replayed.bin", "PUT", put, b"good")[0] == 200
+    copy = {**signed("PUT", "probe/copied.bin"), "x-amz-copy-source": f"/{bucket}/probe/replayed.bin"}
+    assert _http(f"{endpoint}/{bucket}/probe/copied.bin", "PUT", copy, b"")[0] == 403
+    ranged = {**signed("GET", "probe/replayed.bin"), "Range": "bytes=0-1"}
+    assert _http(f"{endpoint}/{bucket}/probe/replayed.bin", "GET", ranged)[0] == 403
+    unsigned_body = signed("PUT", "probe/unsigned.bin", b"x", signed_payload=False)
+    assert unsigned_body["X-Amz-Content-SHA256"] == "UNSIGNED-PAYLOAD"
+    assert _http(f"{endpoint}/{bucket}/probe/unsigned.bin", "PUT", unsigned_body, b"x")[0] == 403
+    good = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=credentials.access_key,
+        aws_secret_access_key=credentials.secret_key,
+        region_name="us-east-1",
+    )
+    good.put_object(Bucket=bucket, Key="probe/x%41", Body=b"percent")
+    good.put_object(Bucket=bucket, Key="probe/xA", Body=b"letter")
+    assert good.get_object(Bucket=bucket, Key="probe/x%41", Range="bytes=0-2")["Body"].read() == b"per"
+    backwards = good.get_object(Bucket=bucket, Key="probe/xA", Range="bytes=5-2")
+    assert backwards["ResponseMetadata"]["HTTPStatusCode"] != 206, backwards["ResponseMetadata"]
+    for key in ("probe/x%41", "probe/xA", "probe/replayed.bin"):
+        good.delete_object(Bucket=bucket, Key=key)
+
+
 def test_the_tracking_server_serves_only_the_clusters_credential_and_no_assistant(ray_cluster):
     import base64
 
