@@ -153,7 +153,7 @@ def _step_seconds(p: dict, params: int, peak: float, gpus: int, flops_per_token:
 
 
 def _cluster_step_seconds(p: dict) -> float | None:
-    """`_step_seconds` of `p`'s full fine-tuning on the GPUs of its `CLUSTER` at the post's MFU; None
+    """`_step_seconds` of `p`'s full fine-tuning on the GPUs of its `CLUSTER` at `POST_MFU`; None
     without GPUs or a known bf16 peak (a CPU run)."""
     from .plan import NODE_TYPES, model_config, model_size
 
