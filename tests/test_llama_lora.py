@@ -22,12 +22,12 @@ RANK = 4  # smoke mode's LORA_RANK
 # Smoke mode's run (section 7): 12 steps of 2 micro-steps of 1 sequence per worker, a checkpoint every 4
 # steps, no kill. "When a worker dies" then trains its own run of KILL_WORKER_AT_STEP + 1 = 8 steps, rank 1
 # killed at step 7; steps 5-6 run twice after it (measured: 0.0 difference, as for full fine-tuning).
-# One run: 64-82 s of the session on the two-node cluster, the tracking server up (fresh clones,
-# 2026-11-24/25, as the Llama notebook's LoRA run): LORA_UNDISTURBED_S. With it stopped the run must end
-# within a minute of that. Its budget, twice that and more (beside another run on 2 cores it took 138 s,
-# 180 s with a CPU hog):
+# One run, both fits (section 7's and the demo's, 8 steps with the kill): 95 s of the session on the
+# two-node cluster with the tracking server stopped (2026-11-28). Before the demo had a fit of its own, one
+# fit with the kill took 64-82 s undisturbed (fresh clones, 2026-11-24/25): LORA_UNDISTURBED_S, kept as the
+# bound, which the two fits stay within a minute of with the server stopped. Its budget, 2.5 times that:
 REPLAY_TOLERANCE = 1e-4
-LORA_BUDGET_S = 200
+LORA_BUDGET_S = 240
 LORA_UNDISTURBED_S = 82
 
 
