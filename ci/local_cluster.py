@@ -232,6 +232,21 @@ def _private_parent(temp_dir: str) -> str:
     return str(path.parent) if path.name == "ray" and path.parent.name.startswith("llmnb-ray") else temp_dir
 
 
+def _head_ports() -> list[str]:
+    """The head's Ray Client server on a free port (Ray's default: 10001, the same for every cluster)."""
+    return [f"--ray-client-server-port={free_port()}"]
+
+
+def _head_env(head: bool) -> dict:
+    """The head's autoscaler and dashboard metrics exporters (plain HTTP, no credential) on free loopback
+    ports, not Ray's fixed 44217 and 44227."""
+    return (
+        {"AUTOSCALER_METRIC_PORT": str(free_port()), "DASHBOARD_METRIC_PORT": str(free_port())}
+        if head
+        else {}
+    )
+
+
 def _node_command(temp_dir: str, cpus: int, object_store_mb: int) -> list[str]:
     cmd = [str(BIN / "ray"), "start", "--block", "--node-ip-address=127.0.0.1"]
     cmd += [f"--num-cpus={cpus}", f"--object-store-memory={object_store_mb * 1024**2}"]
@@ -382,7 +397,9 @@ def up(
             else:
                 cmd += [f"--address={address}"]
             name = "ray-head" if head else f"ray-node-{index}"
-            proc = _start(cmd, logs / f"{name}.log", env)
+            proc = _start(
+                cmd + (_head_ports() if head else []), logs / f"{name}.log", {**env, **_head_env(head)}
+            )
             state["processes"].append(_record(proc, name))
             save()
             if head:
@@ -448,9 +465,9 @@ def up_ray(state_dir: Path, cpus: int, object_store_mb: int = 1024) -> dict:
     gcs_port = free_port()
     address = f"127.0.0.1:{gcs_port}"
     cmd = _node_command(temp_dir, cpus, object_store_mb)
-    cmd += ["--head", f"--port={gcs_port}", "--include-dashboard=false"]
+    cmd += ["--head", f"--port={gcs_port}", "--include-dashboard=false", *_head_ports()]
     try:
-        proc = _start(cmd, log, env)
+        proc = _start(cmd, log, {**env, **_head_env(True)})
         state["processes"].append(_record(proc, "ray-head"))
         _write_private(state_dir / "state.json", json.dumps(state, indent=2))
         _wait_for_port(gcs_port, proc, "the Ray head node", log)

@@ -516,6 +516,17 @@ def test_no_metrics_exporter_listens(ray_cluster):
     for port in ports:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"metrics exporter on port {port}"
+    # Every socket a cluster process listens on: loopback only, and none on Ray's fixed ports (the autoscaler's
+    # and the dashboard's metrics exporters, 44217 and 44227, plain HTTP; the Ray Client server, 10001).
+    pids = {p.pid for p in _cluster_processes()}
+    listening = [
+        c.laddr
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    ]
+    assert len(listening) >= 8, listening
+    assert all(a.ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in listening), listening
+    assert not {a.port for a in listening} & {44217, 44227, 10001}, sorted(a.port for a in listening)
 
 
 def test_no_other_user_can_enter_a_ray_session_folder(ray_cluster):
