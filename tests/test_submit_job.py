@@ -189,3 +189,29 @@ def test_cluster_processes_get_named_variables_never_a_prefix():
     assert {"127.0.0.1", "localhost"} <= set(kept["NO_PROXY"].split(",")) and kept["no_proxy"] == kept[
         "NO_PROXY"
     ]
+
+
+def test_make_job_never_echoes_the_values_it_refuses():
+    # The recipe line was echoed before the script refused it, credentials and all.
+    env = {
+        **os.environ,
+        "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
+        "STORAGE_PATH": "/tmp/runs",
+        "MLFLOW_TRACKING_URI": "file:/tmp/mlruns",
+    }
+    proc = subprocess.run(
+        [
+            "make",
+            "-s",
+            "job",
+            "NOTEBOOK=glue_text_classification",
+            "ARGS=-p STORAGE_PATH s3://KEY:canarysecret@b/x",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "Not submitted: credentials written into" in proc.stderr, proc.stderr
+    assert "canarysecret" not in proc.stdout + proc.stderr
