@@ -382,13 +382,16 @@ def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fi
     ],
 )
 def test_make_plan_refuses_what_it_cannot_plan_in_one_line_offline(notebook, args, tmp_path):
+    import signal
     import subprocess
     import time
 
     canary = tmp_path / "touched"
     env = {**os.environ, "HF_HUB_OFFLINE": "0"}  # it must go offline by itself
     started = time.perf_counter()
-    proc = subprocess.run(
+    # A session of its own: past the limit, make and the planner it started are stopped together (a plan
+    # that builds a list of 10**22 nodes would otherwise go on eating memory after make is gone).
+    proc = subprocess.Popen(
         [
             "make",
             "-s",
@@ -398,10 +401,17 @@ def test_make_plan_refuses_what_it_cannot_plan_in_one_line_offline(notebook, arg
         ],
         cwd=Path(__file__).resolve().parents[1],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+    proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert time.perf_counter() - started < 10
     assert proc.returncode == 2 and not canary.exists(), (proc.returncode, proc.stdout, proc.stderr)
     refusals = [line for line in proc.stderr.splitlines() if not line.startswith("make")]
