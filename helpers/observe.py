@@ -135,16 +135,12 @@ def watch(
 def _start_run(notebook: str, namespace: dict) -> str | None:
     """A new MLflow run, within a bounded wait: a tracking server that stopped answering since the Set up
     cell costs the run its record there (one line says so), never the training."""
-    from .tracking import _bounded, _shown, start_run, tracking_uri
+    from .tracking import best_effort, start_run
 
-    try:
-        with _bounded():
-            return start_run(notebook, namespace)
-    except Exception as exc:  # noqa: BLE001 - tracking is a record of the run, not the run
-        print(
-            f"MLflow at {_shown(tracking_uri())} did not answer ({exc.__class__.__name__}): this run is not tracked."
-        )
-        return None
+    return best_effort(
+        lambda: start_run(notebook, namespace),
+        lambda uri, error: f"MLflow at {uri} did not answer ({error}): this run is not tracked.",
+    )
 
 
 _SHARES = {  # what each framework's observer calls a rank's share of what it shards

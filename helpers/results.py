@@ -97,17 +97,16 @@ def write_results(path: str, **results) -> dict | None:
 def _end_mlflow_run(results: dict, path: str) -> dict:
     """`results` with `mlflow` (where the run is) once its MLflow run is ended with them; as they were, with
     one line printed, where the tracking server does not answer in time."""
-    from .tracking import _bounded, _shown, finish_run, tracking_uri
+    from .tracking import best_effort, finish_run
 
-    try:
-        with _bounded():
-            return {**results, "mlflow": finish_run(results["mlflow_run_id"], results)}
-    except Exception as exc:  # noqa: BLE001 - tracking is a record of the run, not the run
-        print(
-            f"MLflow: the run's summary was not recorded at {_shown(tracking_uri())} "
-            f"({exc.__class__.__name__}); the results are in {path or 'this notebook'}."
-        )
-        return results
+    where = best_effort(
+        lambda: finish_run(results["mlflow_run_id"], results),
+        lambda uri, error: (
+            f"MLflow: the run's summary was not recorded at {uri} ({error}); "
+            f"the results are in {path or 'this notebook'}."
+        ),
+    )
+    return results if where is None else {**results, "mlflow": where}
 
 
 def _write(path: str, results: dict) -> dict:

@@ -44,6 +44,7 @@ __all__ = [
     "tracking_uri",
     "configure",
     "check_tracking",
+    "best_effort",
     "start_run",
     "BackgroundLogger",
     "finish_run",
@@ -91,6 +92,18 @@ def _bounded():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def best_effort(call, failed, default=None):
+    """`call()` with MLflow's requests bounded (BOUNDED_HTTP). Where it raises: `default`, and one printed line,
+    `failed(uri, error)` (the tracking URI with credentials masked, the exception's class): tracking is a
+    record of the run, never a reason to fail or hold it."""
+    try:
+        with _bounded():
+            return call()
+    except Exception as exc:  # noqa: BLE001 - tracking is a record of the run, not the run
+        print(failed(_shown(tracking_uri()), exc.__class__.__name__))
+        return default
 
 
 def _default_uri() -> str:
@@ -283,13 +296,10 @@ def _fail_run_on_error(run_id: str) -> None:
         if result.error_in_exec is None:
             return
         _forget_failure_hook(run_id)
-        try:
-            with _bounded():
-                _client().set_terminated(run_id, "FAILED")
-        except Exception as exc:  # noqa: BLE001 - the cell's own error is what the reader must see
-            print(
-                f"MLflow: could not mark run {run_id} FAILED at {_shown(tracking_uri())} ({exc.__class__.__name__})"
-            )
+        best_effort(  # the cell's own error is what the reader must see
+            lambda: _client().set_terminated(run_id, "FAILED"),
+            lambda uri, error: f"MLflow: could not mark run {run_id} FAILED at {uri} ({error})",
+        )
 
     _FAILURE_HOOKS[run_id] = (shell, after_cell)
     shell.events.register("post_run_cell", after_cell)

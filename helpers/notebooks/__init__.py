@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["collect", "worker_dies"]
+__all__ = ["collect", "section_run"]
 
 
 def collect(notebook: str, ns: dict) -> dict:
@@ -24,28 +24,29 @@ def collect(notebook: str, ns: dict) -> dict:
     }
 
 
-def worker_dies(
+def section_run(
     ns: dict, notebook: str, watch: str = "kill_watch", result: str = "killed_run"
 ) -> dict | None:
-    """The "When a worker dies" section's own run, as results (None where the section did not train: its
-    `KILL_WORKER_AT_STEP` was 0): its losses, worker groups, the kill and where it resumed, its checkpoint and
-    MLflow run. The keys are those of a notebook's results, so the same checks read both."""
+    """A "going further" section's own run, from its watch and its `Result` (the notebook's globals named
+    `watch` and `result`: "When a worker dies"'s by default), as results; None where the section did not
+    train. Its losses, worker groups, the kill and where it resumed, its checkpoint and MLflow run: the keys
+    of a notebook's results, so the same checks read both."""
     from ..smoke import parameter_values
     from ..storage import uri
 
     if watch not in ns or result not in ns:
         return None
-    kill_watch, run = ns[watch], ns[result]
-    ranks = kill_watch.ranks()
+    section_watch, run = ns[watch], ns[result]
+    ranks = section_watch.ranks()
     return {
         "notebook": notebook,
         "smoke_test": bool(ns["SMOKE_TEST"]),
         "parameters": parameter_values(ns),
-        "losses": kill_watch.losses(),
-        "attempts": kill_watch.attempts(),
-        "kill": kill_watch.kill_summary(),
+        "losses": section_watch.losses(),
+        "attempts": section_watch.attempts(),
+        "kill": section_watch.kill_summary(),
         "checkpoint_path": uri(run.checkpoint.filesystem, run.checkpoint.path),
         "worker_node_ids": [r["node_id"] for r in ranks],
-        "train_seconds": kill_watch.seconds,
-        "mlflow_run_id": kill_watch.mlflow_run_id,
+        "train_seconds": section_watch.seconds,
+        "mlflow_run_id": section_watch.mlflow_run_id,
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import worker_dies
+from . import section_run
 
 
 def results(ns: dict) -> dict:
@@ -22,7 +22,7 @@ def results(ns: dict) -> dict:
         "worker_node_ids": [r["node_id"] for r in ranks],
         "attempts": watch.attempts(),
         "kill": None,
-        "worker_dies": worker_dies(ns, "dolly_lightning_fsdp"),
+        "worker_dies": section_run(ns, "dolly_lightning_fsdp"),
         "generated": ns["generated"],
         "train_seconds": ns["train_seconds"],
         "cost_usd": ns["this_cost"],

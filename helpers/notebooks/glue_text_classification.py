@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from . import worker_dies
+from . import section_run
 
 
 def results(ns: dict) -> dict:
@@ -38,7 +38,7 @@ def _eval_history(log_history: list[dict]) -> list[dict]:
 def _worker_dies(ns: dict) -> dict | None:
     """ "When a worker dies"'s run, with its epochs and its evaluations (read from its latest checkpoint's
     `trainer_state.json`: the restored epoch is evaluated again)."""
-    run = worker_dies(ns, "glue_text_classification")
+    run = section_run(ns, "glue_text_classification")
     if run is None:
         return None
     checkpoint = ns["killed_run"].checkpoint

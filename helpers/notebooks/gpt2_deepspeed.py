@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import worker_dies
+from . import section_run
 
 
 def results(ns: dict) -> dict:
@@ -25,6 +25,6 @@ def results(ns: dict) -> dict:
         "resumed_checkpoint_path": uri(resumed.checkpoint.filesystem, resumed.checkpoint.path),
         "worker_node_ids": [r["node_id"] for r in ranks],
         "kill": None,
-        "worker_dies": worker_dies(ns, "gpt2_deepspeed"),
+        "worker_dies": section_run(ns, "gpt2_deepspeed"),
         "mlflow_run_id": watch.mlflow_run_id,
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import worker_dies
+from . import section_run
 
 
 def results(ns: dict) -> dict:
@@ -32,7 +32,7 @@ def results(ns: dict) -> dict:
         "attempts": attempts,
         "kill": None,
         # "Going further: when a worker or a node is lost": its own run, where it trained (else None)
-        "elastic": worker_dies(ns, "llama_fsdp", "elastic_watch", "elastic_run"),
+        "elastic": section_run(ns, "llama_fsdp", "elastic_watch", "elastic_run"),
         "train_seconds": ns["train_seconds"],
         "mlflow_run_id": watch.mlflow_run_id,
     }

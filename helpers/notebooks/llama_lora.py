@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import worker_dies
+from . import section_run
 
 
 def results(ns: dict) -> dict:
@@ -29,7 +29,7 @@ def results(ns: dict) -> dict:
         "generated": ns["generated"],
         "attempts": attempts,
         "kill": None,
-        "worker_dies": worker_dies(ns, "llama_lora"),
+        "worker_dies": section_run(ns, "llama_lora"),
         "train_seconds": ns["train_seconds"],
         "mlflow_run_id": watch.mlflow_run_id,
     }
