@@ -161,14 +161,18 @@ GC_THRESHOLD = (10_000, 10, 10)
 
 def _worker_setup_hook(secrets: dict[str, str]):
     """The job's `worker_process_setup_hook`, run in each worker process before any task: the collector's
-    `GC_THRESHOLD`, and `secrets` (the Hub token, a tracking server's token) in the worker's environment."""
+    `GC_THRESHOLD`, `secrets` (the Hub token, a tracking server's token) in the worker's environment, and
+    fast bf16 matrix products on a CPU without bf16 instructions (`helpers.cpu_bf16`)."""
 
     def set_up_worker() -> None:
         import gc
         import os
 
+        from helpers import cpu_bf16
+
         gc.set_threshold(*GC_THRESHOLD)
         os.environ.update(secrets)
+        cpu_bf16.install_after_torch()
 
     return set_up_worker
 

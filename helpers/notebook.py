@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 
-from . import checks, cluster, results, smoke, smoke_settings
+from . import checks, cluster, cpu_bf16, results, smoke, smoke_settings
 
 __all__ = ["set_up"]
 
@@ -29,6 +29,8 @@ def set_up(notebook: str, namespace: dict):
     gc.set_threshold(*cluster.GC_THRESHOLD)  # the imports to come: about a fifth faster (see there)
     if namespace.get("SMOKE_TEST"):
         namespace.update(smoke.smoke_overrides(namespace, smoke_settings.smoke_table(notebook, namespace)))
+        if cpu_bf16.install():  # and in each Ray worker, by the job's setup hook
+            print("  This CPU has no bf16 instructions: bf16 matrix products run in fp32, rounded to bf16.")
     plan = checks.check_parameters(notebook, namespace)
     cluster.start_ray(notebook)
     checks.check_cluster(notebook, {**namespace, "plan": plan})  # the plan: the local disk it needs

@@ -369,3 +369,37 @@ def test_an_l40s_is_not_read_as_an_l4(monkeypatch, device_name, expected):
     from helpers.flops import dense_peak_flops
 
     assert dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(expected)
+
+
+CPU_BF16_CHECK = """
+import torch
+from helpers import cpu_bf16
+
+torch.manual_seed(0)
+bf16 = torch.bfloat16
+a, b, c = torch.randn(3, 16, 32), torch.randn(3, 32, 24), torch.randn(3, 16, 24)
+native_fp32 = [a[0] @ b[0], torch.addmm(c[0], a[0], b[0], beta=0.5, alpha=2), a @ b, torch.baddbmm(c, a, b)]
+x = a[0].to(bf16).requires_grad_()
+w = torch.randn(24, 32, dtype=bf16, requires_grad=True)
+assert cpu_bf16.install(force=True) and cpu_bf16.install()  # once per process
+# fp32: torch's own kernels, bit for bit.
+fp32 = [a[0] @ b[0], torch.addmm(c[0], a[0], b[0], beta=0.5, alpha=2), a @ b, torch.baddbmm(c, a, b)]
+assert all(torch.equal(n, f) for n, f in zip(native_fp32, fp32))
+# bf16: the fp32 product of the bf16 inputs, rounded once; so are the gradients autograd computes with mm.
+ab, bb, cb = a.to(bf16), b.to(bf16), c.to(bf16)
+exact = lambda t: t.to(bf16)
+assert torch.equal(ab[0] @ bb[0], exact(ab[0].float() @ bb[0].float()))
+assert torch.equal(ab @ bb, exact(ab.float() @ bb.float()))
+assert torch.equal(torch.baddbmm(cb, ab, bb), exact(torch.baddbmm(cb.float(), ab.float(), bb.float())))
+y = torch.nn.functional.linear(x, w)
+assert y.dtype == bf16
+y.float().sum().backward()
+assert torch.equal(x.grad, exact(torch.ones(16, 24) @ w.float()))
+print("ok")
+"""
+
+
+def test_cpu_bf16_products_are_the_rounded_fp32_products():
+    # In a process of its own: the kernels replace torch's for the rest of a process's life.
+    done = subprocess.run([sys.executable, "-c", CPU_BF16_CHECK], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
