@@ -368,6 +368,7 @@ def _plan_llama(p: dict) -> dict:
         separate_embeddings=True,  # shard_model wraps the embeddings and the head as FSDP units of their own
         reduce_bytes=2,  # MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
         lora_rank=p.get("LORA_RANK", 0),  # > 0: adapters over a frozen bf16 base (the llama_lora notebook)
+        lora_token_rows=4,  # with LoRA, the chat tokens' rows of the embeddings and the head train too
         lora_merged=p.get("LORA_MERGED", False),  # and a merged model exported next to the adapter
         fixes={
             "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN, "

@@ -54,9 +54,9 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
   79.2 GiB on an "80 GB" A100 or H100.
 
 LoRA (`lora_rank` > 0, FSDP only): the base model is frozen and kept in bf16, 2 P / N per GPU, with no
-gradients, no moments and no fp32 master copy; the adapters (A, counted by `peft` on the `meta` model)
-are trained as the full model is, 16 A / N. A layer is gathered with its adapters; only the adapters have
-gradients to reduce-scatter; the activations are those of full fine-tuning (the frozen weights still pass
+gradients, no moments and no fp32 master copy; the adapters (A, counted by `peft` on the `meta` model,
+new tokens' rows of the embeddings and the head included) are trained as the full model is, 16 A / N. A
+layer is gathered with its adapters; only the adapters have gradients to reduce-scatter; the activations are those of full fine-tuning (the frozen weights still pass
 gradients back to every layer's input). Rank 0 loads the base in bf16. A checkpoint holds the adapters
 and their moments, 12 A.
 
@@ -216,7 +216,7 @@ class _LoraSize:
 
 
 @functools.lru_cache(maxsize=16)
-def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...]) -> _LoraSize:
+def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...], token_rows: int) -> _LoraSize:
     import warnings
 
     import torch
@@ -224,12 +224,18 @@ def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...]) -> _Lor
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(**json.loads(config_json))
+    # New tokens' rows of the embeddings and the head, trained beside the adapters; which rows is not counted.
+    rows = (
+        {"embed_tokens": list(range(token_rows)), "lm_head": list(range(token_rows))} if token_rows else None
+    )
     with torch.device("meta"), warnings.catch_warnings():
         # peft asks transformers 5 `is_gradient_checkpointing`, which warns that it is deprecated.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
         model = get_peft_model(
             AutoModelForCausalLM.from_config(config),
-            LoraConfig(r=rank, target_modules=list(targets), task_type="CAUSAL_LM"),
+            LoraConfig(
+                r=rank, target_modules=list(targets), task_type="CAUSAL_LM", trainable_token_indices=rows
+            ),
         )
     trainable = [p for p in model.parameters() if p.requires_grad]
     blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
@@ -237,9 +243,10 @@ def _lora_size_of(config_json: str, rank: int, targets: tuple[str, ...]) -> _Lor
     return _LoraSize(sum(p.numel() for p in trainable), max(per_block), max(p.numel() for p in trainable))
 
 
-def _lora_size(config, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> _LoraSize:
-    """Adapter parameter counts of LoRA at `rank` on `config`'s causal LM, as `peft` builds them on `meta`."""
-    return _lora_size_of(config.to_json_string(use_diff=False), rank, tuple(targets))
+def _lora_size(config, rank: int, token_rows: int = 0, targets: tuple[str, ...] = LORA_TARGETS) -> _LoraSize:
+    """Trained parameter counts of LoRA at `rank` on `config`'s causal LM, with `token_rows` rows of the
+    embeddings and of the head (`trainable_token_indices`), as `peft` builds them on `meta`."""
+    return _lora_size_of(config.to_json_string(use_diff=False), rank, tuple(targets), token_rows)
 
 
 def generation_memory_bytes(model_name: str, dtype_bytes: int, on_gpu: bool) -> int:
@@ -388,6 +395,7 @@ def plan_training(
     no_shard_alone: bool = False,
     reduce_bytes: int = 4,
     lora_rank: int = 0,
+    lora_token_rows: int = 0,
     lora_merged: bool = False,
     fixes: dict[str, str],
 ) -> Plan:
@@ -406,7 +414,7 @@ def plan_training(
     peak (measured on an H200: ci/gpu/results). reduce_bytes: bytes per element
     of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). lora_rank: > 0 trains LoRA
     adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP only; see the module doc);
-    lora_merged: it also exports the base with the adapters merged in. fixes: what to suggest, per row kind:
+    lora_token_rows: and that many rows of the embeddings and of the head (new tokens'); lora_merged: it also exports the base with the adapters merged in. fixes: what to suggest, per row kind:
     "gpu", "host", "disk".
     """
     config = model_config(model_name)
@@ -414,7 +422,7 @@ def plan_training(
     if vocab_size:  # rows added for new tokens (Llama's chat tokens)
         extra = (vocab_size - size.vocab) * size.hidden * 2
         size = replace(size, params=size.params + extra, root=size.root + extra)
-    lora = _lora_size(config, lora_rank) if lora_rank else None
+    lora = _lora_size(config, lora_rank, lora_token_rows) if lora_rank else None
     if lora and sharding != "fsdp":
         raise ValueError("lora_rank needs sharding='fsdp'")
     run = _Run(

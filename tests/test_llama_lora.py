@@ -22,13 +22,15 @@ RANK = 4  # smoke mode's LORA_RANK
 # Smoke mode's run (section 7): 12 steps of 2 micro-steps of 1 sequence per worker, a checkpoint every 4
 # steps, no kill. "When a worker dies" then trains its own run of KILL_WORKER_AT_STEP + 1 = 8 steps, rank 1
 # killed at step 7; steps 5-6 run twice after it (measured: 0.0 difference, as for full fine-tuning).
-# One run, both fits (section 7's and the demo's, 8 steps with the kill): 95 s of the session on the
-# two-node cluster with the tracking server stopped (2026-11-28). Before the demo had a fit of its own, one
-# fit with the kill took 64-82 s undisturbed (fresh clones, 2026-11-24/25): LORA_UNDISTURBED_S, kept as the
-# bound, which the two fits stay within a minute of with the server stopped. Its budget, 2.5 times that:
+# One run, both fits (section 7's and the demo's, 8 steps with the kill), on the two-node cluster with the
+# tracking server stopped: 95 s on a CPU with bf16 instructions, 216 s on a 2-core AVX2 one (2026-11-28;
+# 152 s of it in the two fits, 64 s in the cells around them). Its budget, twice the slower:
 REPLAY_TOLERANCE = 1e-4
-LORA_BUDGET_S = 240
-LORA_UNDISTURBED_S = 82
+LORA_BUDGET_S = 450
+# A request to the stopped server waits 10 s when bounded (helpers.tracking.BOUNDED_HTTP), 120 s or more
+# when not: neither a step nor the cells around the fits may take that long.
+LORA_STEP_S = 20  # measured: at most 2.7 s a step
+LORA_OUTSIDE_FITS_S = 130  # measured: 64 s
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +55,10 @@ def test_lora_trains_only_the_adapters(lora_run):
     config = AutoConfig.from_pretrained(results["parameters"]["MODEL_NAME"])
     h, m, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     kv = config.num_key_value_heads * (h // config.num_attention_heads)
-    # rank x (in + out) for q, k, v, o, gate, up and down in every layer: the fraction follows from the rank.
-    assert results["trainable_params"] == RANK * layers * (2 * (h + h) + 2 * (h + kv) + 3 * (h + m))
+    # rank x (in + out) for q, k, v, o, gate, up and down in every layer: the fraction follows from the rank;
+    # and the 4 chat tokens' rows of the embeddings and of the head.
+    adapters = RANK * layers * (2 * (h + h) + 2 * (h + kv) + 3 * (h + m))
+    assert results["trainable_params"] == adapters + 2 * 4 * h
     assert results["trainable_params"] / results["num_params"] < 0.02
     assert results["frozen_tensors_changed"] == 0  # every base weight bit-identical after training
     losses = results["losses"]
@@ -117,6 +121,7 @@ def test_lora_adapter_folder_loads_with_peft_and_learned(lora_run, ray_cluster, 
     import torch
     from datasets import load_dataset
     from peft import PeftModel
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     results, _ = lora_run
@@ -124,6 +129,22 @@ def test_lora_adapter_folder_loads_with_peft_and_learned(lora_run, ray_cluster, 
     assert results["consolidated_path"].endswith("/adapter")
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in path.iterdir()}
     tokenizer = AutoTokenizer.from_pretrained(path)
+    # The chat tokens' rows, trained (`trainable_token_indices`): they started equal, at the mean of the
+    # other rows; now they differ from it and from each other, in the embeddings and in the head. The
+    # adapter holds those rows only, not the whole embeddings.
+    base_weights = AutoModelForCausalLM.from_pretrained(results["parameters"]["MODEL_NAME"]).state_dict()
+    saved = load_file(path / "adapter_model.safetensors")
+    assert not any(k.endswith(("embed_tokens.weight", "lm_head.weight")) for k in saved), sorted(saved)
+    for layer, base_weight in (("embed_tokens", "model.embed_tokens.weight"), ("lm_head", "lm_head.weight")):
+        (rows,) = [
+            v.float() for k, v in saved.items() if k.endswith(f"{layer}.token_adapter.trainable_tokens_delta")
+        ]
+        start = base_weights[base_weight].float().mean(dim=0)
+        assert rows.shape == (4, start.numel())
+        # Measured (the head's): 0.092-0.093 from the start and 0.011-0.037 apart; at the start they are
+        # 7e-6 from the mean and 0 apart (bf16 rounds the resize's noise away).
+        moved, apart = (rows - start).norm(dim=1), torch.pdist(rows)
+        assert moved.min() > 0.03 and apart.min() > 0.005, (layer, moved, apart)
 
     def base():
         model = AutoModelForCausalLM.from_pretrained(results["parameters"]["MODEL_NAME"], dtype=torch.float32)
@@ -160,13 +181,17 @@ def test_lora_adapter_folder_loads_with_peft_and_learned(lora_run, ray_cluster, 
 @pytest.mark.notebook
 def test_a_stopped_tracking_server_costs_no_training_step(lora_run, ray_cluster):
     """The tracking server stopped answering after the run's first step (`lora_run`): training finished all
-    the same, within a minute of an undisturbed run, wrote its results, and said so once, naming the server."""
+    the same, no step and no cell waiting on it, wrote its results, and said so once, naming the server."""
     import json
 
     results, wall = lora_run
     assert len(results["losses"]) == results["parameters"]["MAX_STEPS"]
     assert results["worker_dies"]["kill"]["restarts"] == 1
-    assert wall < LORA_UNDISTURBED_S + 60, f"{wall:.0f} s with the tracking server stopped"
+    runs = (results, results["worker_dies"])
+    steps = [s for run in runs for a in run["attempts"] for s in a["step_seconds"].values()]
+    assert max(steps) < LORA_STEP_S, steps
+    outside = wall - sum(run["train_seconds"] for run in runs)
+    assert outside < LORA_OUTSIDE_FITS_S, f"{outside:.0f} s outside the fits with the tracking server stopped"
     executed = json.loads((ARTIFACTS / "notebooks" / f"{NAME}-tracking_stopped.ipynb").read_text())
     printed = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", []))
     warnings = [line for line in printed.splitlines() if line.startswith("warning: MLflow")]
