@@ -296,7 +296,7 @@ def _llama(p: dict, kill_steps: int | None = -1) -> None:
     check_int("SAVE_STEPS", p["SAVE_STEPS"], minimum=1)
     check_int("COLLECTIVE_TIMEOUT_S", p["COLLECTIVE_TIMEOUT_S"], minimum=60, maximum=7 * 24 * 3600)
     check_choice("USE_FLASH_ATTN", p["USE_FLASH_ATTN"], [True, False])
-    check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False])
+    check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False, "auto"])
     for name in ("WEIGHT_DECAY", "WARMUP_RATIO"):
         value = p[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -371,8 +371,8 @@ def _plan_llama(p: dict) -> dict:
         lora_token_rows=4,  # with LoRA, the chat tokens' rows of the embeddings and the head train too
         lora_merged=p.get("LORA_MERGED", False),  # and a merged model exported next to the adapter
         fixes={
-            "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN, "
-            "or set USE_GRADIENT_CHECKPOINTING=True.",
+            "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN"
+            + ("." if p["USE_GRADIENT_CHECKPOINTING"] else ", or set USE_GRADIENT_CHECKPOINTING=True."),
             "host": "Choose nodes with more RAM in CLUSTER.",
             "disk": "Choose nodes with more local disk in CLUSTER.",
         },
@@ -402,7 +402,12 @@ def plan_for(notebook: str, p: dict, title: str | None = None):
     recipe = _notebook(notebook)[1]
     if recipe is None:
         return None
-    return plan_training(
+    choices = {}
+    if p.get("USE_GRADIENT_CHECKPOINTING") == "auto":
+        checkpointing, why = choose_checkpointing(notebook, p)
+        p = {**p, "USE_GRADIENT_CHECKPOINTING": checkpointing}
+        choices["USE_GRADIENT_CHECKPOINTING"] = {"value": checkpointing, "why": why}
+    plan = plan_training(
         title=title or f"{p['MODEL_NAME'].rstrip('/').split('/')[-1]} on {p['NUM_WORKERS']} workers",
         model_name=p["MODEL_NAME"],
         num_workers=p["NUM_WORKERS"],
@@ -411,6 +416,22 @@ def plan_for(notebook: str, p: dict, title: str | None = None):
         seq_len=p["MAX_SEQ_LEN"],
         **recipe(p),
     )
+    plan.choices.update(choices)
+    return plan
+
+
+def choose_checkpointing(notebook: str, p: dict) -> tuple[bool, str]:
+    """`USE_GRADIENT_CHECKPOINTING="auto"`: False (nothing recomputed) where the training row fits without it
+    within the plan's margin (at most 85 % of the GPU), else True (every layer recomputed in the backward
+    pass, about a third more compute); and why, in numbers."""
+    row = plan_for(notebook, {**p, "USE_GRADIENT_CHECKPOINTING": False}).rows[0]  # training, per GPU
+    without = f"without recomputation training needs {row.need / 1e9:,.1f} GB per device"
+    if row.share is None:
+        return False, without
+    without += f", {row.share:.0%} of {row.have / 1e9:,.1f} GB"
+    if row.status == "ok":
+        return False, f"{without}: no layer is recomputed"
+    return True, f"{without} (more than 85 %): every layer is recomputed, about a third more compute"
 
 
 def compare_plans(notebook: str, namespace: dict, variants: dict[str, dict]):
@@ -467,6 +488,9 @@ def check_parameters(notebook: str, namespace: dict):
     _check_min_workers(notebook, namespace)
     plan = plan_for(notebook, namespace)
     if plan is not None:
+        for name, choice in plan.choices.items():  # "auto" -> the plan's choice, for the run
+            namespace[name] = choice["value"]
+            print(f"{name}='auto' -> {choice['value']}: {choice['why']}")
         plan.check()
     p = namespace
     check_source_available("MODEL_NAME", p["MODEL_NAME"], "model")

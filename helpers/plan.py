@@ -283,6 +283,7 @@ class Plan:
     title: str
     rows: list[_Row] = field(default_factory=list)
     details: dict[str, int] = field(default_factory=dict)  # the components of the per-GPU figure, bytes
+    choices: dict[str, dict] = field(default_factory=dict)  # a parameter set to "auto": {"value", "why"}
 
     def table(self):
         import pandas as pd
@@ -294,12 +295,16 @@ class Plan:
                 "has (GB)": [None if r.have is None else round(r.have / 1e9, 1) for r in self.rows],
                 "share": [None if r.share is None else f"{r.share:.0%}" for r in self.rows],
                 "status": [r.status for r in self.rows],
-                "main terms": [r.terms for r in self.rows],
+                "main terms": [r.terms + (self._chosen() if i == 0 else "") for i, r in enumerate(self.rows)],
             },
             index=pd.Index(
                 [r.what for r in self.rows], name=f"{self.title}: {self.details['params']:,} parameters"
             ),
         )
+
+    def _chosen(self) -> str:
+        """What each "auto" parameter became and why, after the training row's terms."""
+        return "".join(f"; {name}='auto' -> {c['value']}: {c['why']}" for name, c in self.choices.items())
 
     def as_dict(self) -> dict:
         """The figures, for the results file: bytes per row and per component."""
@@ -309,6 +314,7 @@ class Plan:
                 for r in self.rows
             ],
             **self.details,
+            "choices": self.choices,
         }
 
     def check(self) -> None:

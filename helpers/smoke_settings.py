@@ -100,6 +100,7 @@ def _llama_common() -> dict:
         "LEARNING_RATE": (5e-5, 1e-3),  # random weights need far bigger steps than fine-tuning
         "WARMUP_RATIO": (0.03, 0.1),  # a gentler start for those big steps
         "LOGGING_STEPS": (25, 2),
+        "USE_GRADIENT_CHECKPOINTING": ("auto", True),  # the recipe's recomputation, on CPU workers too
     }
 
 

@@ -361,6 +361,15 @@ def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fi
     assert plan.main(["llama_fsdp"]) == 0
     out = capsys.readouterr().out
     assert "68,976,648,192 parameters" in out and "A100-80GB" in out and "It fits:" in out
+    # USE_GRADIENT_CHECKPOINTING="auto": 70B on two p4de recomputes every layer (149 % of a GPU without),
+    # and the advice does not suggest what is already on.
+    assert "USE_GRADIENT_CHECKPOINTING='auto' -> True: without recomputation training needs 126.8 GB" in out
+    assert "set USE_GRADIENT_CHECKPOINTING=True" not in out
+    # 7B on one p5 (8 H100) needs no recomputation: 27.4 GB of 85.0 without it.
+    seven_b = ["-p", "MODEL_NAME", "meta-llama/Llama-2-7b-hf", "-p", "NUM_WORKERS", "8"]
+    assert plan.main(["llama_fsdp", *seven_b, "-p", "CLUSTER", "{'p5.48xlarge': 1}"]) == 0
+    out = capsys.readouterr().out
+    assert "USE_GRADIENT_CHECKPOINTING='auto' -> False: without recomputation training needs 27.4 GB" in out
     # One p4de for full fine-tuning of 70B: the GPU row is too big, and the refusal says what to change.
     assert plan.main(["llama_fsdp", "-p", "NUM_WORKERS", "8", "-p", "CLUSTER", "{'p4de.24xlarge': 1}"]) == 2
     assert "Does not fit" in capsys.readouterr().err
