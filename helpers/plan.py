@@ -103,7 +103,7 @@ FAIL_ABOVE, WARN_ABOVE = 1.0, 0.85
 CUDA_OVERHEAD = 1 * GiB  # the CUDA context
 NCCL_BUFFERS = GiB // 2
 ALLOCATOR_RESERVE = 0.02  # fragmentation, with expandable segments
-ZERO_REDUCE_BUCKET = 50_000_000  # the GPT-2 notebook's reduce_bucket_size (make_ds_config), elements
+ZERO_REDUCE_BUCKET = 50_000_000  # elements: the GPT-2 notebook's reduce_bucket_size (a test keeps them equal)
 
 
 @dataclass(frozen=True)

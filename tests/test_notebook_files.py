@@ -164,3 +164,14 @@ def test_restarts_are_a_run_setting_and_starts_are_retried_without_limit(path):
     assert "MAX_FAILURES = " in nb.cells[1].source
     assert "FailureConfig(max_failures=MAX_FAILURES)" in code
     assert "controller_failure_limit" not in code
+
+
+def test_the_plan_counts_the_zero_buckets_the_gpt2_config_asks_for():
+    # The bucket size is typed in the notebook's DeepSpeed config, where a learner reads and changes it; the
+    # plan keeps its own copy (it plans before that cell runs): this keeps them equal.
+    from helpers.plan import ZERO_REDUCE_BUCKET
+
+    path = next(p for p in NOTEBOOKS if p.stem == "gpt2_deepspeed")
+    source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    (size,) = re.findall(r'"reduce_bucket_size":\s*([0-9_.e]+)', source)
+    assert float(size.replace("_", "")) == ZERO_REDUCE_BUCKET
