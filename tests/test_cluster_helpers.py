@@ -289,6 +289,31 @@ def test_a_small_json_next_to_a_checkpoint_has_the_checkpoints_deadline(tmp_path
         release.set()
 
 
+def test_an_export_upload_has_a_deadline(tmp_path, monkeypatch):
+    # The 138 GB export and LoRA's adapter folder go up with pafs.copy_files: a stalled bucket must fail the
+    # attempt (Ray Train's next one exports again), not hold the run for ever.
+    import threading
+
+    import pyarrow.fs as pafs
+
+    from helpers.storage import StorageStalled, upload_folder
+
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "model.safetensors").write_bytes(b"x" * 1000)
+    upload_folder(str(tmp_path / "export"), pafs.LocalFileSystem(), str(tmp_path / "bucket" / "consolidated"))
+    assert (tmp_path / "bucket" / "consolidated" / "model.safetensors").read_bytes() == b"x" * 1000
+
+    release = threading.Event()
+    monkeypatch.setattr(pafs, "copy_files", lambda *args, **kwargs: release.wait(30))  # a bucket that stalls
+    try:
+        with pytest.raises(StorageStalled, match="not written in 1 tries"):
+            upload_folder(
+                str(tmp_path / "export"), pafs.LocalFileSystem(), str(tmp_path / "stalled"), stall_s=0.2
+            )
+    finally:
+        release.set()
+
+
 def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeypatch):
     # /mnt/cluster_storage/ passes wherever /mnt is writable; each node keeping its own shards would fail the
     # first resume, after hours. The notebook writes a marker, and every node must read it back.
