@@ -79,7 +79,8 @@ class RunLog:
             self.attempts[-1]["ranks"][int(rank)] = dict(facts)
         if "resume_bytes" in facts:
             self._fetched[int(rank)] = int(facts["resume_bytes"])
-            self._checkpoint_bytes = int(facts["checkpoint_bytes"])
+            if facts.get("checkpoint_bytes") is not None:  # None: the bucket did not list it in time
+                self._checkpoint_bytes = int(facts["checkpoint_bytes"])
 
     def start_attempt(self, resumed_from_step: int, world_size: int | None = None, **facts) -> int:
         """A worker group started (rank 0 says so), resuming after `resumed_from_step` (0: from the start),

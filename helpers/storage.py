@@ -239,6 +239,7 @@ def _torch_fsspec_filesystem(filesystem):
 # again, after a backoff: each try has STALL_S plus its size at MIN_WRITE_RATE, and after WRITE_TRIES tries
 # the save fails (`StorageStalled`), so the step fails before its checkpoint is registered.
 STALL_S = 60.0
+LIST_S = 10.0  # a listing made only to measure (what a resume read of its checkpoint)
 MIN_WRITE_RATE = 10e6  # bytes/s, far below what one process writes to S3, GCS or NFS
 WRITE_TRIES = 5
 _ABANDONED: dict = {}  # writing thread -> the Event set when its try is given up
@@ -584,7 +585,20 @@ def _take_last_fetch() -> tuple[int, int] | None:
     got = tuple(_LAST_FETCH) or None
     if got is None and _LAST_READ:
         reader, fs, path = _LAST_READ
-        got = (reader.bytes_read, sum(_file_sizes(fs, path).values()))
+        try:  # a LIST of the bucket, for a measurement: a stalled one costs the step LIST_S at most
+            sizes = _with_deadline(
+                path,
+                0,
+                lambda: _file_sizes(fs, path),
+                stall_s=LIST_S,
+                min_rate=1,
+                tries=1,
+                stalls=[],
+                done="listed",
+            )
+            got = (reader.bytes_read, sum(sizes.values()))
+        except (StorageStalled, OSError):
+            got = (reader.bytes_read, None)
     _LAST_FETCH.clear()
     _LAST_READ.clear()
     return got

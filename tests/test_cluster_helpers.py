@@ -349,3 +349,27 @@ def test_a_cluster_whose_gpus_are_smaller_than_the_plans_is_refused(monkeypatch)
     monkeypatch.setattr(cluster, "_on_every_node", lambda check, **kw: {"a": 80 * 2**30, "b": None})
     assert cluster.check_gpus_match_cluster(p) == 2  # 80 GiB as nvidia-smi counts; a node that cannot tell
     assert cluster.check_gpus_match_cluster({**p, "USE_GPU": False}) == 0
+
+
+def test_measuring_a_resume_lists_the_bucket_with_a_deadline(monkeypatch):
+    # The observer's first step after a resume reports what the rank read of the checkpoint and the
+    # checkpoint's size, from a LIST of the bucket: a stalled bucket must cost that step seconds, not hours.
+    import threading
+    import time
+
+    from helpers import storage
+
+    release = threading.Event()
+
+    class Reader:
+        bytes_read = 123
+
+    monkeypatch.setattr(storage, "LIST_S", 0.2)
+    monkeypatch.setattr(storage, "_file_sizes", lambda fs, path: release.wait(30) and {})
+    storage._LAST_READ[:] = [Reader(), None, "bucket/checkpoint_000004/sharded"]
+    start = time.monotonic()
+    try:
+        assert storage._take_last_fetch() == (123, None)
+    finally:
+        release.set()
+    assert time.monotonic() - start < 5
