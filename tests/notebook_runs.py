@@ -557,7 +557,7 @@ def job_logs(job_id: str, cluster: Mapping[str, str]) -> str:
 SMOKE_BUDGET_S = {
     "gpt2_deepspeed": 350,
     "dolly_lightning_fsdp": 300,
-    "glue_text_classification": 260,
+    "glue_text_classification": 400,  # 298 s beside other work on the AVX2 machine
     "llama_fsdp": 330,
     "llama_lora": 450,  # the LoRA papermill run's budget (tests/test_llama_lora.py)
 }

@@ -183,9 +183,9 @@ DOLLY_CASES = {
 
 
 # A bad parameter is refused in the Set up cell, within REJECTED_WITHIN_S (measured on a fresh clone, three runs
-# at a time: at most 28 s; docs/testing.md, "Time budgets"). Each run, and each test's wait for its own run,
-# has that budget twice over.
-REJECTED_WITHIN_S = 60
+# at a time: at most 28 s; 64-75 s on a 2-core AVX2 machine beside other work, 2026-11-28; docs/testing.md,
+# "Time budgets"). Each run, and each test's wait for its own run, has that budget twice over.
+REJECTED_WITHIN_S = 150
 RUN_BUDGET_S = 2 * REJECTED_WITHIN_S
 
 

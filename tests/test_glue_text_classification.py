@@ -118,7 +118,7 @@ AS_JOB = "stsb"  # submitted as a Ray Job (`make job`), as a batch job on a clus
 
 
 # Each task's run (in a fresh clone's `make test`, side by side: both done in 72-74 s), twice over and more.
-TASK_BUDGET_S = 300  # 2026-11-28, 2-core AVX2 machine: measured below
+TASK_BUDGET_S = 600  # 2026-11-28, 2-core AVX2 machine beside other work: 278 s (stsb) and 298 s (mnli-mm)
 
 
 @pytest.fixture(scope="module")
