@@ -56,9 +56,9 @@ Where the figures come from (bytes per parameter P, N workers sharing the model)
 LoRA (`lora_rank` > 0, FSDP only): the base model is frozen and kept in bf16, 2 P / N per GPU, with no
 gradients, no moments and no fp32 master copy; the adapters (A, counted by `peft` on the `meta` model,
 new tokens' rows of the embeddings and the head included) are trained as the full model is, 16 A / N. A
-layer is gathered with its adapters; only the adapters have gradients to reduce-scatter; the activations are those of full fine-tuning (the frozen weights still pass
-gradients back to every layer's input). Rank 0 loads the base in bf16. A checkpoint holds the adapters
-and their moments, 12 A.
+layer is gathered with its adapters; only the adapters have gradients to reduce-scatter; the activations
+are those of full fine-tuning (the frozen weights still pass gradients back to every layer's input).
+Rank 0 loads the base in bf16. A checkpoint holds the adapters and their moments, 12 A.
 
 A row fails when the need exceeds what the node has and warns above 85 %: these are estimates (about
 10 % either way).
@@ -420,8 +420,9 @@ def plan_training(
     peak (measured on an H200: ci/gpu/results). reduce_bytes: bytes per element
     of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). lora_rank: > 0 trains LoRA
     adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP only; see the module doc);
-    lora_token_rows: and that many rows of the embeddings and of the head (new tokens'); lora_merged: it also exports the base with the adapters merged in. fixes: what to suggest, per row kind:
-    "gpu", "host", "disk".
+    lora_token_rows: and that many rows of the embeddings and of the head (new tokens'); lora_merged: it
+    also exports the base with the adapters merged in. fixes: what to suggest, per row kind: "gpu",
+    "host", "disk".
     """
     config = model_config(model_name)
     size = model_size(config)
