@@ -424,6 +424,8 @@ def plan_training(
     also exports the base with the adapters merged in. fixes: what to suggest, per row kind: "gpu",
     "host", "disk".
     """
+    if cluster is not None:
+        check_cluster(cluster)  # before loading the model's config: a wrong count is refused at once
     config = model_config(model_name)
     size = model_size(config)
     if vocab_size:  # rows added for new tokens (Llama's chat tokens)

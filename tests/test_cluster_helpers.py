@@ -364,6 +364,7 @@ def test_measuring_a_resume_lists_the_bucket_with_a_deadline(monkeypatch):
     class Reader:
         bytes_read = 123
 
+    monkeypatch.setattr(storage, "_LAST_FETCH", [])  # nothing fetched in this process (other tests share it)
     monkeypatch.setattr(storage, "LIST_S", 0.2)
     monkeypatch.setattr(storage, "_file_sizes", lambda fs, path: release.wait(30) and {})
     storage._LAST_READ[:] = [Reader(), None, "bucket/checkpoint_000004/sharded"]
