@@ -370,6 +370,7 @@ def _plan_llama(p: dict) -> dict:
         lora_rank=p.get("LORA_RANK", 0),  # > 0: adapters over a frozen bf16 base (the llama_lora notebook)
         lora_token_rows=4,  # with LoRA, the chat tokens' rows of the embeddings and the head train too
         lora_merged=p.get("LORA_MERGED", False),  # and a merged model exported next to the adapter
+        collective_timeout_s=p.get("COLLECTIVE_TIMEOUT_S"),  # a checkpoint's save must end well within it
         fixes={
             "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN"
             + ("." if p["USE_GRADIENT_CHECKPOINTING"] else ", or set USE_GRADIENT_CHECKPOINTING=True."),
@@ -548,7 +549,14 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     if isinstance(plan, Plan):  # before the Llama prefetch below: its download is what may not fit
         needs = {"hub cache": plan.details["hub_download_bytes"], "temp": plan.details["temp_file_bytes"]}
         checked = check_local_disk_on_nodes(needs, p["MODEL_NAME"], p["USE_GPU"])
-        where += f"; local disk checked on {checked} node(s)" if checked else ""
+        if checked:
+            where += f"; local disk checked on {checked} node(s)"
+        else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
+            where += "; no node's local disk to check yet" + (
+                ": rank 0 checks its own before it downloads (fetch_model)"
+                if notebook.startswith("llama")
+                else ""
+            )
     if notebook in ("llama_fsdp", "llama_lora"):
         seconds = prefetch_model_on_nodes("MODEL_NAME", p["MODEL_NAME"], p["USE_GPU"])
         if seconds:

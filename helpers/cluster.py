@@ -18,6 +18,8 @@ import contextlib
 import logging
 import os
 import re
+import shutil
+import socket
 import sys
 import warnings
 from pathlib import Path
@@ -638,16 +640,29 @@ def fetch_model(model_name: str) -> float:
 
     A local folder is only checked (it must hold a `config.json`). Used on every node by
     `prefetch_model_on_nodes`, and by the Llama notebook's rank 0 at the start of `train_func`, before
-    the first collective, for nodes that joined after the Set up cell (an autoscaling cluster).
+    the first collective, for nodes that joined after the Set up cell (an autoscaling cluster, where the
+    Set up cell found no node to check the disks of). A download that would not fit on the disk under
+    `HF_HOME` is refused before it starts (the Hub's file sizes, `snapshot_download(dry_run=True)`).
     """
     import os
     import time
 
     start = time.perf_counter()
     if not os.path.isdir(model_name):
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants, snapshot_download
 
-        snapshot_download(model_name, allow_patterns=["*.json", "*.safetensors", "*.model", "tokenizer*"])
+        patterns = ["*.json", "*.safetensors", "*.model", "tokenizer*"]
+        files = snapshot_download(model_name, allow_patterns=patterns, dry_run=True)
+        need = sum(f.file_size or 0 for f in files if f.will_download)
+        cache = Path(constants.HF_HUB_CACHE)
+        free = shutil.disk_usage(next(p for p in [cache, *cache.parents] if p.exists())).free
+        if need > free:
+            raise OSError(
+                f"{model_name}: the download needs {need / 1e9:.1f} GB in the Hugging Face cache {cache}, "
+                f"{free / 1e9:.1f} GB free on node {socket.gethostname()}. Point HF_HOME at a larger disk "
+                "on every node (the instance's NVMe, e.g. /mnt/local_storage) before Ray starts."
+            )
+        snapshot_download(model_name, allow_patterns=patterns)
     elif not os.path.exists(os.path.join(model_name, "config.json")):
         raise FileNotFoundError(f"no config.json in the folder {model_name}")
     return time.perf_counter() - start

@@ -335,6 +335,13 @@ class Plan:
                     f"the limit for an estimate. {r.fix}",
                     stacklevel=2,
                 )
+        seconds, limit = self.details.get("checkpoint_seconds"), self.details.get("checkpoint_limit_seconds")
+        if limit and seconds > limit:
+            warnings.warn(
+                f"{self.title}: at the assumed rate a checkpoint takes {seconds / 60:.0f} min a rank, more than "
+                f"the {limit / 60:.0f} min a save may take: raise COLLECTIVE_TIMEOUT_S, or use faster storage.",
+                stacklevel=2,
+            )
         compared = [r for r in self.rows if r.share is not None]
         print("It fits: " + "; ".join(f"{r.what} {r.share:.0%} ({r.status})" for r in compared))
 
@@ -403,6 +410,7 @@ def plan_training(
     lora_rank: int = 0,
     lora_token_rows: int = 0,
     lora_merged: bool = False,
+    collective_timeout_s: int | None = None,
     fixes: dict[str, str],
 ) -> Plan:
     """Plan a run. `cluster`: {node type: count} of `NODE_TYPES`, or None for this machine's CPU workers.
@@ -421,8 +429,9 @@ def plan_training(
     of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). lora_rank: > 0 trains LoRA
     adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP only; see the module doc);
     lora_token_rows: and that many rows of the embeddings and of the head (new tokens'); lora_merged: it
-    also exports the base with the adapters merged in. fixes: what to suggest, per row kind: "gpu",
-    "host", "disk".
+    also exports the base with the adapters merged in. collective_timeout_s: the process group's timeout,
+    within a share of which a streamed checkpoint must be written (`helpers.storage.COLLECTIVE_SHARE`).
+    fixes: what to suggest, per row kind: "gpu", "host", "disk".
     """
     if cluster is not None:
         check_cluster(cluster)  # before loading the model's config: a wrong count is refused at once
@@ -478,7 +487,31 @@ def plan_training(
             run, host, sharding, loading, checkpoint, export_bytes, num_to_keep, lora_merged, fixes, details
         ),  # fmt: skip
     ]
+    if checkpoint == "streamed":  # the ranks' own writes: the collective timeout bounds them
+        rows[-1].terms += _checkpoint_time(run, collective_timeout_s, details)
     return Plan(title, rows, details)
+
+
+def _checkpoint_time(run: _Run, collective_timeout_s: int | None, details: dict) -> str:
+    """A streamed checkpoint's time: each rank's shard at `STREAMS` x `STREAM_RATE` (an assumption, stated),
+    against the share of the collective timeout a save has (`helpers.storage.dcp_writer`). A resume reads
+    the same bytes back in as long."""
+    from .storage import COLLECTIVE_SHARE, STREAM_RATE, STREAMS
+
+    rank_bytes = 12 * (run.lora.params if run.lora else run.size.params) // run.n
+    seconds = rank_bytes / (STREAMS * STREAM_RATE)
+    details.update(checkpoint_rank_bytes=rank_bytes, checkpoint_seconds=round(seconds))
+    terms = (
+        f"; each rank writes {_gb(rank_bytes)} (and reads it back to resume): {seconds / 60:,.1f} min at "
+        f"{STREAMS} streams x {STREAM_RATE / 1e6:.0f} MB/s, an assumed rate"
+    )
+    if collective_timeout_s:
+        limit = COLLECTIVE_SHARE * collective_timeout_s
+        details["checkpoint_limit_seconds"] = round(limit)
+        terms += (
+            f", of the {limit / 60:,.0f} min a save may take ({COLLECTIVE_SHARE:.0%} of COLLECTIVE_TIMEOUT_S)"
+        )
+    return terms
 
 
 @dataclass(frozen=True)
@@ -646,7 +679,7 @@ def _host_and_disk_bytes(
 ) -> dict[str, int]:
     """The bytes of `_host_and_disk_rows`: per node while loading, at a checkpoint, to consolidate; on local
     disk; in storage per checkpoint."""
-    from .storage import STREAM_FILE_BYTES
+    from .storage import STREAM_FILE_BYTES, STREAMS
 
     size, lora, n, per_node, stored, p = run.size, run.lora, run.n, run.per_node, run.stored, run.size.params
     # Loading holds the fp32 model and, while converting, the checkpoint's pages in its stored dtype
@@ -657,9 +690,9 @@ def _host_and_disk_bytes(
     # LoRA: the fp32 adapter folder, and with `lora_merged` the merged model in the export dtype too.
     exported = 4 * lora.params + (export_bytes * p if lora_merged else 0) if lora else export_bytes * p
     checkpoint_bytes = 12 * saved + exported  # weights and moments in fp32 (+ the export)
-    # Staged: every shard is copied to host RAM. Streamed: a rank holds one file's tensors until the file
-    # is closed, and pyarrow queues that file's upload parts: at most twice the file size per rank.
-    streamed = 2 * min(STREAM_FILE_BYTES, 12 * saved // n) * per_node
+    # Staged: every shard is copied to host RAM. Streamed: a rank holds a file's tensors until the file is
+    # closed, and pyarrow queues that file's upload parts: twice the file size per file, STREAMS at once.
+    streamed = 2 * min(STREAMS * STREAM_FILE_BYTES, 12 * saved // n) * per_node
     host_ckpt = 12 * saved // n * per_node if checkpoint == "staged" else streamed
     # Rank 0 gathers what it exports: the full fp32 model in place, or (LoRA) the fp32 adapters.
     consolidate = (
@@ -685,7 +718,7 @@ def _host_and_disk_terms(
     run: _Run, b: dict[str, int], sharding: str, loading: str, checkpoint: str, export_bytes: int
 ) -> tuple[str, str, str]:
     """How `_host_and_disk_rows` arrives at its loading, checkpoint and disk figures, in words."""
-    from .storage import STREAM_FILE_BYTES
+    from .storage import STREAM_FILE_BYTES, STREAMS
 
     lora, n, per_node, stored = run.lora, run.n, run.per_node, run.stored
     loaded, sharded_state = b["loaded"], sharding in ("fsdp", "zero3")
@@ -697,7 +730,8 @@ def _host_and_disk_terms(
     ckpt_terms = (
         f"12 B x params / {n} x {per_node} ranks, copied to host"
         if checkpoint == "staged"
-        else f"streamed in files of {STREAM_FILE_BYTES / GiB:.0f} GiB: 2 files' worth x {per_node} ranks"
+        else f"streamed in files of {STREAM_FILE_BYTES / GiB:.0f} GiB, {STREAMS} at once: "
+        f"2 x {STREAMS} files' worth x {per_node} ranks"
     )
     staged = (
         (f"staged shards 12 B x params / {n} x {per_node} ranks + " if sharded_state else "staged checkpoint 12 B x params + ")

@@ -171,12 +171,13 @@ class _OpenOnFirstRead(io.RawIOBase):
     def __init__(self, filesystem, path: str) -> None:
         super().__init__()
         self._fs, self._path, self._file, self._pos = filesystem, path, None, 0
+        self._lock = threading.Lock()  # several streams read one file at once (`read_at` is safe for it)
 
     def _opened(self):
-        file = self._file
-        if file is None:  # a try given up while opening leaves it None: the next try opens its own
-            file = self._file = self._fs.open_input_file(self._path)
-        return file
+        with self._lock:
+            if self._file is None:  # a try given up while opening leaves it None: the next try opens its own
+                self._file = self._fs.open_input_file(self._path)
+            return self._file
 
     def readable(self) -> bool:
         return True
@@ -242,6 +243,16 @@ STALL_S = 60.0
 LIST_S = 10.0  # a listing made only to measure (what a resume read of its checkpoint)
 MIN_WRITE_RATE = 10e6  # bytes/s, far below what one process writes to S3, GCS or NFS
 WRITE_TRIES = 5
+# A rank writes STREAMS files of a checkpoint at once, and reads STREAMS byte ranges at once: one stream
+# to an object store is far slower than the node's network (at 70B a rank's 52 GB one file after another
+# would take 17 min at 50 MB/s). The plan states a checkpoint's time at STREAM_RATE per stream, an assumption
+# (yours: the time between two steps around a checkpoint in the run log).
+STREAMS = 4
+STREAM_RATE = 50e6  # bytes/s per stream
+# A save or a load must end within this share of the process group's timeout (`COLLECTIVE_TIMEOUT_S`):
+# the other ranks wait for this one in DCP's next collective, and past the timeout the watchdog kills
+# them. A slow rank fails first, with `StorageStalled` saying why, and the checkpoint is not registered.
+COLLECTIVE_SHARE = 0.8
 _ABANDONED: dict = {}  # writing thread -> the Event set when its try is given up
 
 
@@ -302,10 +313,12 @@ def _with_deadline(
     tries: int,
     stalls: list,
     done: str = "written",
+    until: float | None = None,
 ):
     """`work()` in a thread that has `stall_s` plus `size` at `min_rate` to finish; after a stall or an
     OSError, given up (a write's stream never written or closed again), recorded in `stalls`, and run
-    again after a backoff, up to `tries` tries; then `StorageStalled` (`what` was not `done`)."""
+    again after a backoff, up to `tries` tries; then `StorageStalled` (`what` was not `done`). `until`: a
+    `time.monotonic()` by which all tries must end (a save's share of the collective timeout)."""
     import logging
     import time
 
@@ -314,6 +327,16 @@ def _with_deadline(
     problem = "no error"
     device = _current_cuda_device()  # this rank's GPU: a new thread's current device is GPU 0
     for attempt in range(1, tries + 1):
+        if until is not None:
+            deadline = min(stall_s + size / min_rate, until - time.monotonic())
+            if deadline <= 0:
+                raise StorageStalled(
+                    f"{what}: not {done} in time: this rank's checkpoint {'save' if done == 'written' else 'load'} "
+                    f"has used its {COLLECTIVE_SHARE:.0%} of the process group's timeout (COLLECTIVE_TIMEOUT_S), "
+                    "after which the other ranks, waiting for this one, would be killed. The storage is too "
+                    f"slow for this checkpoint (last: {problem}): raise COLLECTIVE_TIMEOUT_S, or write less "
+                    "often to faster storage. This checkpoint is not used."
+                )
         outcome: dict = {}
         abandoned = threading.Event()
 
@@ -343,18 +366,61 @@ def _with_deadline(
         problem = repr(outcome["error"]) if "error" in outcome else f"not done in {deadline:.0f} s"
         log.warning("%s: try %d of %d failed (%s)", what, attempt, tries, problem)
         stalls.append({"file": what.rsplit("/", 1)[-1], "try": attempt, "problem": problem})
-        if attempt < tries:
-            time.sleep(min(2 ** (attempt - 1), 30))  # backoff: 1, 2, 4, ... s
+        if attempt < tries:  # backoff: 1, 2, 4, ... s
+            time.sleep(min(2 ** (attempt - 1), 30, *([max(0, until - time.monotonic())] if until else [])))
     raise StorageStalled(
         f"{what}: not {done} in {tries} tries ({deadline:.0f} s each, last: {problem}). The storage "
         + (
             "stalled or failed: this checkpoint is not registered, and the run restarts from the last one "
             "that is."
             if done == "written"
-            else "stalled or failed while this checkpoint was read: the attempt fails, and Ray Train's "
-            "next one reads it again."
+            else "stalled or failed while this checkpoint was read: what reads it fails (in training, the "
+            "attempt: Ray Train's next one reads it again)."
         )
     )
+
+
+def _collective_deadline() -> float | None:
+    """The `time.monotonic()` by which this rank's save or load must end: `COLLECTIVE_SHARE` of its process
+    group's timeout from now; None without a process group (one process)."""
+    import sys
+    import time
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    import torch
+
+    group = dist.distributed_c10d._get_default_group()
+    device = torch.device("cuda") if torch.device("cuda") in group._device_types else torch.device("cpu")
+    timeout = group._get_backend(device).options._timeout.total_seconds()  # TorchConfig(timeout_s=...)
+    return time.monotonic() + COLLECTIVE_SHARE * timeout
+
+
+def _stream_pool(streams: int):
+    """`streams` threads on this thread's CUDA device (a new thread's current device is GPU 0, and a
+    context there would take that GPU's memory from the rank that owns it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    device = _current_cuda_device()
+
+    def on_device() -> None:
+        if device is not None:
+            import torch
+
+            torch.cuda.set_device(device)
+
+    return ThreadPoolExecutor(max_workers=streams, thread_name_prefix="dcp-stream", initializer=on_device)
+
+
+def _in_streams(streams: int, calls: list[Callable]) -> list:
+    """Each of `calls` run `streams` at a time (`_stream_pool`); their results in order. The first failure
+    cancels the calls not started yet and is raised (those running end at their deadlines)."""
+    pool = _stream_pool(streams)
+    try:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def dcp_writer(
@@ -364,19 +430,21 @@ def dcp_writer(
     stall_s: float = STALL_S,
     min_rate: float = MIN_WRITE_RATE,
     tries: int = WRITE_TRIES,
+    streams: int = STREAMS,
 ):
     """A `torch.distributed.checkpoint` writer that writes straight to `path` on a pyarrow `filesystem`.
 
     Used by the Llama notebook's checkpoints ("5. Sharded checkpoints"): each rank streams its shard to
     the bucket (or NFS folder), with no local copy to stage and upload, in files of at most `file_bytes`
     of tensors (`__<rank>_0.distcp`, `__<rank>_1.distcp`, ...; a single tensor larger than that gets a
-    file of its own), so that a rank holds at most one file's tensors in host RAM. Pass it as
-    `storage_writer=`, without `checkpoint_id` (which would reset it to a local path).
+    file of its own), `streams` files at once, so that a rank holds at most `streams` files' tensors in
+    host RAM. Pass it as `storage_writer=`, without `checkpoint_id` (which would reset it to a local path).
 
     A storage that stalls or fails costs time, not the checkpoint: each data file (and rank 0's index,
-    `.metadata`) is written in a thread that has `stall_s` plus its size at `min_rate` to finish; a try that fails or runs out of time is given up
-    and the file written again after a backoff, up to `tries` tries (`writer.stalls` lists each one given
-    up), and then `StorageStalled` fails the save, before the checkpoint is reported.
+    `.metadata`) is written in a thread that has `stall_s` plus its size at `min_rate` to finish; a try
+    that fails or runs out of time is given up and the file written again after a backoff, up to `tries`
+    tries (`writer.stalls` lists each one given up), and then `StorageStalled` fails the save, before the
+    checkpoint is reported. The whole save has `COLLECTIVE_SHARE` of the process group's timeout.
     """
     import queue
 
@@ -395,12 +463,12 @@ def dcp_writer(
                     size = 0
                 files[-1].append(item)
                 size += n
-            results = []
-            for i, items in enumerate(files):
-                name = f"{plan.storage_data.prefix}{i}{DEFAULT_SUFFIX}"
-                results += self._write_file((self.fs.concat_path(self.path, name), name, items), planner)
+            bounds["until"] = _collective_deadline()
+            names = [f"{plan.storage_data.prefix}{i}{DEFAULT_SUFFIX}" for i in range(len(files))]
+            entries = [(self.fs.concat_path(self.path, n), n, f) for n, f in zip(names, files, strict=True)]
+            written = _in_streams(streams, [functools.partial(self._write_file, e, planner) for e in entries])
             done: Future = Future()
-            done.set_result(results)
+            done.set_result([result for results in written for result in results])
             return done
 
         def _write_file(self, entry, planner) -> list:
@@ -476,6 +544,7 @@ def dcp_reader(
     stall_s: float = STALL_S,
     min_rate: float = MIN_WRITE_RATE,
     tries: int = WRITE_TRIES,
+    streams: int = STREAMS,
 ):
     """A `torch.distributed.checkpoint` reader for a checkpoint at `path` on a pyarrow `filesystem`.
 
@@ -485,9 +554,11 @@ def dcp_reader(
     the whole buffer. `reader.bytes_read` counts what it fetched (the `.metadata` index included). The
     Llama and Dolly notebooks resume with it, and Dolly's generation task reads the weights.
 
-    Each read has a deadline, as `dcp_writer`'s writes do (`stall_s` plus its size at `min_rate`, `tries`
-    tries, `reader.stalls`): a stalled bucket fails the load with `StorageStalled` in minutes, not at the
-    collective timeout of the ranks waiting for this one.
+    `streams` ranges are fetched at once, ahead of torch's loop over them (at most `streams` waiting in
+    host RAM). Each read has a deadline, as `dcp_writer`'s writes do (`stall_s` plus its size at `min_rate`,
+    `tries` tries, `reader.stalls`, the whole load within `COLLECTIVE_SHARE` of the process group's
+    timeout): a stalled bucket fails the load with `StorageStalled`, not the watchdog of the ranks
+    waiting for this one.
     """
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -506,12 +577,42 @@ def dcp_reader(
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-        def _slice_file(self, file, sinfo):
-            # `file` is the buffered stream of `create_stream`; its raw pyarrow file reads at an offset.
-            self.bytes_read += sinfo.length
+        def read_data(self, plan, planner):
+            # torch's loop asks for the ranges one at a time (`_slice_file`), grouped by file in plan order;
+            # in that order, `streams` of them are fetched ahead of it.
+            bounds["until"] = _collective_deadline()
+            per_file: dict[str, list] = {}
+            for item in plan.items:
+                sinfo = self.storage_data[item.storage_index]
+                per_file.setdefault(sinfo.relative_path, []).append(sinfo)
+            files = {name: _OpenOnFirstRead(filesystem, f"{path}/{name}") for name in per_file}
+            self._ahead = iter([s for sinfos in per_file.values() for s in sinfos])
+            self._fetched: dict = {}
+            self._pool = _stream_pool(streams)
+            self._fetch = lambda sinfo: self._pool.submit(self._read, files[sinfo.relative_path], sinfo)
+            try:
+                self._top_up()
+                return FsspecReader.read_data(self, plan, planner)
+            finally:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                for file in files.values():
+                    file.close()
+
+        def _top_up(self) -> None:
+            while len(self._fetched) < streams and (sinfo := next(self._ahead, None)) is not None:
+                self._fetched[(sinfo.relative_path, sinfo.offset)] = self._fetch(sinfo)
+
+        def _read(self, file, sinfo) -> bytes:
             what = f"{path}/{sinfo.relative_path} ({sinfo.length} bytes at {sinfo.offset})"
-            read = functools.partial(file.raw.read_at, sinfo.length, sinfo.offset)
-            return io.BytesIO(_with_deadline(what, sinfo.length, read, **bounds))
+            read = functools.partial(file.read_at, sinfo.length, sinfo.offset)
+            return _with_deadline(what, sinfo.length, read, **bounds)
+
+        def _slice_file(self, file, sinfo):
+            # The range fetched ahead (or, asked for out of that order, fetched now).
+            fetched = self._fetched.pop((sinfo.relative_path, sinfo.offset), None) or self._fetch(sinfo)
+            self._top_up()
+            self.bytes_read += sinfo.length
+            return io.BytesIO(fetched.result())
 
     reader = RangeReader(path)
     reader.stalls = []  # each try given up: {"file", "try", "problem"}
@@ -545,11 +646,15 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
     copy only those, for a process that reads only part of a sharded checkpoint. The folder is a `str`
     that also says what it cost (`_FetchedFolder`): `bytes_fetched`, the size of the files chosen (copied;
     on a local or NFS filesystem, read where they are), and `checkpoint_bytes`, the whole checkpoint's.
+
+    The listing and the copy have deadlines (`STALL_S`, and the copy's size at `MIN_WRITE_RATE`): a stalled
+    bucket fails the block with `StorageStalled`, not a wait for as long as the bucket stalls.
     """
     import pyarrow.fs as pafs
 
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
-    sizes = _file_sizes(fs, root)
+    bounds = dict(stall_s=STALL_S, min_rate=MIN_WRITE_RATE, stalls=[], done="read")
+    sizes = _with_deadline(root, 0, lambda: _file_sizes(fs, root), tries=WRITE_TRIES, **bounds)
     chosen = [path for path in sizes if files is None or files(path)]
 
     def fetched(folder: str) -> _FetchedFolder:
@@ -560,18 +665,21 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
     if isinstance(fs, pafs.LocalFileSystem):
         yield fetched(checkpoint.path)
         return
-    with tempfile.TemporaryDirectory(prefix="checkpoint-") as folder:
-        if files is None:
-            yield fetched(checkpoint.to_directory(folder))
-            return
-        for path in chosen:
-            os.makedirs(os.path.dirname(os.path.join(folder, path)), exist_ok=True)
-            pafs.copy_files(
-                f"{root}/{path}",
-                os.path.join(folder, path),
-                source_filesystem=fs,
-                destination_filesystem=pafs.LocalFileSystem(),
-            )
+    # A stalled copy cannot be stopped: it is not tried again beside itself, and its folder is removed
+    # around it.
+    with tempfile.TemporaryDirectory(prefix="checkpoint-", ignore_cleanup_errors=True) as folder:
+
+        def copy() -> None:
+            for path in chosen:
+                os.makedirs(os.path.dirname(os.path.join(folder, path)), exist_ok=True)
+                pafs.copy_files(
+                    f"{root}/{path}",
+                    os.path.join(folder, path),
+                    source_filesystem=fs,
+                    destination_filesystem=pafs.LocalFileSystem(),
+                )
+
+        _with_deadline(root, sum(sizes[p] for p in chosen), copy, tries=1, **bounds)
         yield fetched(folder)
 
 

@@ -195,6 +195,8 @@ def test_autoscaling_cluster_only_warns(monkeypatch):
 def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsys, tmp_path):
     """No GPU node to fetch the weights on before `fit()`: the check says rank 0 will download them (in
     `train_func`, before the first collective) instead of failing on an empty cluster."""
+    from helpers.plan import Plan
+
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])  # the head node only
     monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
     monkeypatch.setattr(helpers.cluster, "_check_shared_folder", lambda name, folder: 1)  # one machine
@@ -203,10 +205,32 @@ def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsy
         "USE_GPU": True,
         "STORAGE_PATH": str(tmp_path),
         "MODEL_NAME": "meta-llama/x",
+        "plan": Plan("70B", [], {"hub_download_bytes": 138e9, "temp_file_bytes": 138e9}),
     }
     with pytest.warns(UserWarning, match="autoscaler"):
         helpers.checks.check_cluster("llama_fsdp", namespace)
-    assert "rank 0 will download them itself" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "rank 0 will download them itself" in out
+    assert "no node's local disk to check yet: rank 0 checks its own before it downloads" in out
+
+
+def test_a_download_that_would_not_fit_is_refused_before_it_starts(monkeypatch, tmp_path):
+    # Rank 0 on a node the autoscaler added after the Set up cell: the Hub's sizes against the free disk.
+    import huggingface_hub
+    from huggingface_hub import DryRunFileInfo
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    asked = []
+
+    def snapshot_download(repo_id, allow_patterns, dry_run=False):
+        asked.append(dry_run)
+        size = 10**18  # an exabyte: no disk has room
+        return [DryRunFileInfo("c0", size, "model.safetensors", "", is_cached=False, will_download=True)]
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    with pytest.raises(OSError, match=r"needs 1000000000.0 GB in the Hugging Face cache .*HF_HOME"):
+        helpers.cluster.fetch_model("meta-llama/x")
+    assert asked == [True]  # nothing downloaded
 
 
 def test_log_noise_patterns_drop_noise_and_keep_progress():

@@ -254,9 +254,18 @@ def test_the_plan_table_shows_the_parameter_count_and_each_rows_terms():
     assert terms.iloc[0].startswith(
         "16 B x params / 16 workers (fp32 weights, gradients, AdamW moments) 69.0 GB"
     )
-    # Streamed checkpoints hold one 1 GiB file's tensors and its queued upload per rank (issue 21, item 3).
-    assert terms.loc["host RAM at a checkpoint"] == "streamed in files of 1 GiB: 2 files' worth x 8 ranks"
-    assert table.loc["host RAM at a checkpoint", "needs (GB)"] == round(16 * 2**30 / 1e9, 3)
+    # Streamed checkpoints hold a 1 GiB file's tensors and its queued upload per file, 4 files at once per
+    # rank (issue 21, item 3; issue 55, item 7).
+    assert (
+        terms.loc["host RAM at a checkpoint"]
+        == "streamed in files of 1 GiB, 4 at once: 2 x 4 files' worth x 8 ranks"
+    )
+    assert table.loc["host RAM at a checkpoint", "needs (GB)"] == round(64 * 2**30 / 1e9, 3)
+    # The checkpoint's time at the stated rate: 70B / 16 ranks x 12 B = 51.7 GB a rank, 4.3 min at 200 MB/s.
+    assert (
+        "each rank writes 51.7 GB (and reads it back to resume): 4.3 min at 4 streams x 50 MB/s"
+        in (terms.loc["checkpoints in storage (x2 kept)"])
+    )
     assert all(terms), terms
 
 
@@ -440,3 +449,51 @@ def test_the_plan_agrees_with_the_peaks_measured_on_gpus():
     assert len(rows) >= 14 and any("offload=optimizer+params" in r["run"] for r in rows)
     worst = max(rows, key=lambda r: abs(r["allocated_error"]))
     assert abs(worst["allocated_error"]) < 0.10, worst  # 6.8 % (Dolly with CPU offload)
+
+
+def test_a_checkpoint_moves_in_streams_and_ends_within_the_collective_timeout(tmp_path, monkeypatch):
+    # The plan warns where, at its stated rate, a checkpoint would outlast its share of the timeout.
+    with pytest.warns(
+        UserWarning, match="a checkpoint takes 4 min a rank, more than the 1 min a save may take"
+    ):
+        _llama(checkpoint="streamed", collective_timeout_s=90).check()
+    import threading
+    import time
+
+    import pyarrow.fs as pafs
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from helpers import storage
+
+    # A rank writes STREAMS files at once and reads STREAMS ranges at once (70B: 52 GB a rank, 17 min
+    # at 50 MB/s one file after another).
+    running, most, lock = [0], [0], threading.Lock()
+    real = storage._with_deadline
+
+    def counted(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.1)
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(storage, "_with_deadline", counted)
+    fs, path = pafs.LocalFileSystem(), f"{tmp_path}/ck"
+    state = {f"w{i}": torch.randn(256, 256) for i in range(8)}  # 256 KiB each: 8 files of one tensor
+    dcp.save(state, storage_writer=storage.dcp_writer(fs, path, file_bytes=300_000))
+    assert len(list((tmp_path / "ck").glob("*.distcp"))) == 8 and most[0] == storage.STREAMS == 4
+    most[0] = 0
+    loaded = {k: torch.zeros(256, 256) for k in state}
+    dcp.load(loaded, storage_reader=storage.dcp_reader(fs, path))
+    assert most[0] == 4 and all(torch.equal(loaded[k], state[k]) for k in state)
+    # A save has its share of the process group's timeout, in which the other ranks wait for it: past
+    # that, it fails with a reason, before the watchdog kills them.
+    start = time.monotonic()
+    with pytest.raises(storage.StorageStalled, match="COLLECTIVE_TIMEOUT_S"):
+        real("f", 0, lambda: time.sleep(5), stall_s=60, min_rate=1, tries=5, stalls=[], until=start + 0.5)
+    assert time.monotonic() - start < 2
