@@ -22,7 +22,7 @@ Fact = tuple[str, str]  # label, HTML
 
 def final_number(results: dict) -> str:
     """The number a reader looks for first: the final metric if there is one, else the last loss."""
-    metrics = results.get("eval_metrics") or {}
+    metrics = results.get("metrics") or {}  # the kept checkpoint's (eval_metrics: the metric per step)
     if metrics:
         return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, (int, float)))
     return f"loss {results['losses'][-1]:.4f}" if results.get("losses") else "-"
@@ -110,7 +110,7 @@ def _fact_loss(r: dict) -> Iterable[Fact]:
 
 
 def _fact_eval(r: dict) -> Iterable[Fact]:
-    metrics = r.get("eval_metrics")
+    metrics = r.get("metrics")
     if isinstance(metrics, dict) and metrics:
         where = ", ".join(_e(r[k]) for k in ("task", "eval_split") if r.get(k))
         shown = ", ".join(f"{_e(k)} <b>{v:.4f}</b>" for k, v in metrics.items() if _num(v) is not None) or _e(

@@ -294,6 +294,7 @@ def _llama(p: dict, kill_steps: int | None = -1) -> None:
     check_int("GRADIENT_ACCUMULATION_STEPS", p["GRADIENT_ACCUMULATION_STEPS"], minimum=1)
     check_int("LOGGING_STEPS", p["LOGGING_STEPS"], minimum=1)
     check_int("SAVE_STEPS", p["SAVE_STEPS"], minimum=1)
+    check_int("EVAL_STEPS", p["EVAL_STEPS"], minimum=1)
     check_int("COLLECTIVE_TIMEOUT_S", p["COLLECTIVE_TIMEOUT_S"], minimum=60, maximum=7 * 24 * 3600)
     check_choice("USE_FLASH_ATTN", p["USE_FLASH_ATTN"], [True, False])
     check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False, "auto"])
@@ -398,11 +399,13 @@ def _notebook(name: str):
 def plan_for(notebook: str, p: dict, title: str | None = None):
     """The "will it fit?" plan (`helpers.plan.Plan`) of `notebook` with the parameters `p`; None for a
     notebook without one (GLUE's models fit any GPU)."""
-    from .plan import plan_training
+    from .plan import check_cluster, plan_training
 
     recipe = _notebook(notebook)[1]
     if recipe is None:
         return None
+    if p["USE_GPU"]:
+        check_cluster(p["CLUSTER"])  # before the model's config is loaded: a wrong count is refused at once
     choices = {}
     if p.get("USE_GRADIENT_CHECKPOINTING") == "auto":
         checkpointing, why = choose_checkpointing(notebook, p)

@@ -58,6 +58,7 @@ class RunLog:
         self._tracker = None
         self._tracked_until = 0  # the last step whose metrics went to MLflow: a replay is not logged again
         self._tracked_evaluations = 0  # the same, for `track`
+        self.evaluations: dict[int, dict] = {}  # step -> an evaluation's numbers (a replay's replace them)
         if mlflow_run_id:
             from .tracking import BackgroundLogger
 
@@ -135,7 +136,9 @@ class RunLog:
             self.say(f"step {step}{total}  loss {loss:.4f}{more}")  # names the attempt after a restart
 
     def track(self, step: int, metrics: dict) -> None:
-        """Numbers other than a step's loss (e.g. an evaluation's) to MLflow, at `step`, once per step."""
+        """Numbers other than a step's loss (e.g. an evaluation's) to MLflow, at `step`, once per step; kept
+        for `evaluation_history`."""
+        self.evaluations[int(step)] = {k: float(v) for k, v in metrics.items()}
         if self._tracker is not None and step > self._tracked_evaluations:
             self._tracker.log(int(step), {k: float(v) for k, v in metrics.items()})
             self._tracked_evaluations = int(step)
@@ -153,6 +156,10 @@ class RunLog:
         """Wait at most `timeout` s for the metrics still on their way to MLflow; return how many are left
         (a warning line says so)."""
         return self._tracker.flush(timeout) if self._tracker is not None else 0
+
+    def evaluation_history(self) -> dict[int, dict]:
+        """Each evaluation's numbers (`track`), by step."""
+        return dict(sorted(self.evaluations.items()))
 
     def ranks(self) -> list[dict]:
         """Each rank's facts (`rank_facts`), by rank."""

@@ -167,25 +167,27 @@ _QUESTIONS = [
 _SYSTEM = "You are a helpful coding assistant."
 
 
-def chat_fixture(num_train: int = 600, num_test: int = 60) -> str:
+def chat_fixture(num_train: int = 600, num_test: int = 8) -> str:
     """A local folder that `load_dataset(path)` reads like `smangrul/code-chat-assistant-v1` (Llama notebook).
 
     Column `content`: one conversation per row in the chat format
-    `<|system|> ... <|endoftext|> <|prompter|> ... <|endoftext|> <|assistant|> ... <|endoftext|>`.
+    `<|system|> ... <|endoftext|> <|prompter|> ... <|endoftext|> <|assistant|> ... <|endoftext|>`. A
+    training conversation asks 1 or 2 of the questions, a test one 3: no test row is a training row, yet
+    what they ask is what training taught (a tiny model trained for seconds learns nothing more general).
     """
 
     def build(tmp: Path) -> None:
         rng = random.Random(99)
-        for split, n in (("train", num_train), ("test", num_test)):
+        for split, n, questions in (("train", num_train, (1, 2)), ("test", num_test, (3, 3))):
             rows = []
             for _ in range(n):
                 turns = [f"<|system|> {_SYSTEM} <|endoftext|>"]
-                for q, a in rng.sample(_QUESTIONS, k=rng.randint(1, 2)):
+                for q, a in rng.sample(_QUESTIONS, k=rng.randint(*questions)):
                     turns += [f"<|prompter|> {q} <|endoftext|>", f"<|assistant|> {a} <|endoftext|>"]
                 rows.append(" ".join(turns))
             _write_parquet({"content": rows}, tmp / f"{split}.parquet")
 
-    return str(_build_once(f"fixtures/chat-{num_train}-{num_test}", build))
+    return str(_build_once(f"fixtures/chat-{num_train}-{num_test}-three-questions", build))
 
 
 # ---- GLUE: every task, in the layout of the Hub's `nyu-mll/glue` parquet files --------------

@@ -27,6 +27,7 @@ __all__ = [
     "load_sharded",
     "my_micro_batches",
     "train_step",
+    "evaluate",
     "save_checkpoint",
 ]
 
@@ -110,6 +111,23 @@ def train_step(model, optimizer, scheduler, packed, micro_batches: list, device)
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return step_loss
+
+
+# llama_fsdp, 6. The training function
+def evaluate(model, eval_packed, device, batch_size: int) -> float:
+    """The mean loss over the held-out sequences; each rank scores an equal share (FSDP gathers each layer
+    in every rank's forward pass, so all run as many)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    scored = len(eval_packed) // world * world
+    total = torch.zeros((), device=device)
+    model.eval()
+    with torch.no_grad():
+        for rows in eval_packed[rank:scored:world].split(batch_size):
+            input_ids = rows.long().to(device)
+            total += model(input_ids=input_ids, labels=input_ids).loss * len(rows)
+    model.train()
+    dist.all_reduce(total)
+    return total.item() / scored
 
 
 # llama_fsdp, 6. The training function

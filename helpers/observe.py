@@ -79,6 +79,10 @@ class Watch:
         """Each worker group's start step, size, facts and losses (`RunLog.attempt_losses`)."""
         return self._get("attempt_losses")
 
+    def evaluations(self) -> dict[int, dict]:
+        """Each evaluation's numbers by step, as the observers sent them (e.g. {"val_loss": ...})."""
+        return self._get("evaluation_history")
+
     def ranks(self) -> list[dict]:
         """What each rank measured at its attempt's first step: `node_id`, and per framework its share."""
         return self._get("ranks")
@@ -341,6 +345,18 @@ class Observer(_Watching):
         self._log(step, value, seconds=seconds, **shown)
         return value
 
+    def evaluation(self, step: int, **numbers) -> None:
+        """An evaluation after step `step` (e.g. `eval_loss=...`, the same number on every rank): a progress
+        line, MLflow and `Watch.evaluations`. Its time is counted apart (`eval_seconds`), not in a step's."""
+        import time
+
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        if self.rank == 0:
+            log, numbers = self.watch.run_log, {**numbers, "eval_seconds": seconds}
+            line = f"evaluated at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in numbers.items())
+            self._safely("the run log", lambda: (log.say.remote(line), log.track.remote(step, numbers)))
+
 
 def lightning_observer(watch: Watch):
     """For Lightning (a `Callback`, given to `pl.Trainer(callbacks=...)`): what `Observer` does, from
@@ -374,6 +390,14 @@ def lightning_observer(watch: Watch):
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self._safely("the planned kill", self._kill_if_due, trainer.global_rank, trainer.global_step + 1)
+
+        def on_validation_end(self, trainer, pl_module) -> None:  # each metric logged in validation
+            if trainer.sanity_checking or trainer.global_rank != 0 or not self.started:
+                return
+            step, log = trainer.global_step, self.watch.run_log
+            numbers = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+            line = f"evaluated at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in numbers.items())
+            self._safely("the run log", lambda: (log.say.remote(line), log.track.remote(step, numbers)))
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if not self.measured:  # after the first step: what this rank's shards hold, against the plan

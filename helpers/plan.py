@@ -433,8 +433,6 @@ def plan_training(
     within a share of which a streamed checkpoint must be written (`helpers.storage.COLLECTIVE_SHARE`).
     fixes: what to suggest, per row kind: "gpu", "host", "disk".
     """
-    if cluster is not None:
-        check_cluster(cluster)  # before loading the model's config: a wrong count is refused at once
     config = model_config(model_name)
     size = model_size(config)
     if vocab_size:  # rows added for new tokens (Llama's chat tokens)
@@ -444,11 +442,7 @@ def plan_training(
     if lora and sharding != "fsdp":
         raise ValueError("lora_rank needs sharding='fsdp'")
     run = _Run(
-        size=size,
-        n=num_workers,
-        lora=lora,
-        stored=_stored_bytes(config),
-        **_placement(cluster, num_workers),
+        size=size, n=num_workers, lora=lora, stored=_stored_bytes(config), **_placement(cluster, num_workers)
     )
     details: dict[str, int] = {"params": size.params, "largest_layer": size.largest_layer}
     if lora:
@@ -487,7 +481,7 @@ def plan_training(
             run, host, sharding, loading, checkpoint, export_bytes, num_to_keep, lora_merged, fixes, details
         ),  # fmt: skip
     ]
-    if checkpoint == "streamed":  # the ranks' own writes: the collective timeout bounds them
+    if checkpoint == "streamed":  # the ranks' own writes, which the collective timeout bounds: their time
         rows[-1].terms += _checkpoint_time(run, collective_timeout_s, details)
     return Plan(title, rows, details)
 

@@ -112,6 +112,7 @@ def _llama_fsdp(namespace: dict) -> dict:
         "MAX_STEPS": (500, 24),
         "GRADIENT_ACCUMULATION_STEPS": (1, 2),  # 2 micro-steps of 1 sequence per worker and step
         "SAVE_STEPS": (250, 12),
+        "EVAL_STEPS": (100, 8),  # the held-out loss at steps 8, 16 and 24
         "NUM_WORKERS": (16, 2),
         "CPUS_PER_WORKER": (10, 2 if elastic else 1),  # elastic: a worker per 2-CPU node
         "RESIZE_CHECK_S": (60, 5),
@@ -128,6 +129,7 @@ def _llama_lora(namespace: dict) -> dict:
         "LORA_RANK": (16, 4),
         "MAX_STEPS": (500, 12),
         "SAVE_STEPS": (250, 4),
+        "EVAL_STEPS": (100, 4),  # the held-out loss at steps 4, 8 and 12
         "NUM_WORKERS": (8, 2),
         "CPUS_PER_WORKER": (10, 1),
         **_run_settings(7),  # after the checkpoint at step 4

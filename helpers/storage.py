@@ -739,6 +739,9 @@ class _FetchedFolder(str):
         folder.bytes_fetched, folder.checkpoint_bytes = bytes_fetched, checkpoint_bytes
         return folder
 
+    def __getnewargs__(self) -> tuple:  # copied (transformers deep-copies a path it is given) or pickled
+        return str(self), self.bytes_fetched, self.checkpoint_bytes
+
 
 class _StoredFolder(str):
     """A folder of a Ray Train checkpoint, named by its URI (or local path), to be read where it is stored.

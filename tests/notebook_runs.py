@@ -1138,6 +1138,26 @@ def check_plan_matches_shards(results: dict, tolerance: float) -> None:
             assert held["grad_bytes"] == pytest.approx(plan["grad_bytes_per_rank"], rel=tolerance)
 
 
+def check_held_out(results: dict, every: int, most_overhead: float | None = None) -> dict[int, float]:
+    """The held-out losses (issue 57's `eval_losses`, `eval_rows`): one every `every` steps and one at the
+    end, finite, over rows, the last below the first. With `most_overhead`: the evaluations' seconds, as a
+    share of the steps' between two evaluations, at most that (the plain runs' steps only)."""
+    import math
+
+    held_out = {int(step): loss for step, loss in results["eval_losses"].items()}
+    last = results["parameters"]["MAX_STEPS"]
+    assert sorted(held_out) == sorted({*range(every, last + 1, every), last}), held_out
+    assert results["eval_rows"] > 0 and all(math.isfinite(v) for v in held_out.values()), results["eval_rows"]
+    assert held_out[last] < held_out[min(held_out)], held_out
+    if most_overhead is not None:
+        steps = [s for a in results["attempts"] for s in list(a["step_seconds"].values())[1:]]  # not warm-up
+        evaluation = sum(results["eval_seconds"].values()) / len(results["eval_seconds"])
+        overhead = evaluation / (every * sum(steps) / len(steps))
+        print(f"held out: {held_out}; an evaluation {evaluation:.2f} s, {overhead:.1%} of {every} steps")
+        assert overhead < most_overhead, (evaluation, steps)
+    return held_out
+
+
 def check_cluster_run(
     results: dict,
     cluster: Mapping[str, str],

@@ -24,6 +24,8 @@ NAME = "dolly_lightning_fsdp"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
 # The play-script fixture's training lines (helpers.fixtures.play_script_fixture(), after the notebook's split_text).
 FIXTURE_LINES = 610
+# Its validation lines that are not training lines too: the held-out lines (53 lines, 12 also in training).
+FIXTURE_HELD_OUT_LINES = 41
 # "When a worker dies" trains a run of its own on the first lines: 2 epochs of 4 steps, a checkpoint after each.
 DEMO_EPOCHS, DEMO_STEPS_PER_EPOCH = 2, 4
 # The steps between its checkpoint and the kill run twice and repeat their losses bit for bit (measured: 0.0,
@@ -53,6 +55,15 @@ def test_trains_within_the_time_budget(smoke_run):  # SMOKE_BUDGET_S, which smok
     pinned = pinned_losses(NAME)
     assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, f"{losses[:5]} ... {losses[-5:]}"
+    # Three evaluations an epoch (steps 13, 26, 39) on the held-out lines, each worker its even share of
+    # the 41 (FIXTURE_HELD_OUT_LINES): 40 in all. The held-out loss falls too.
+    held_out = {int(step): loss for step, loss in results["eval_losses"].items()}
+    every = steps_per_epoch(params) // 3
+    assert sorted(held_out) == [every, 2 * every, 3 * every], held_out
+    assert results["eval_rows"] == FIXTURE_HELD_OUT_LINES // 2 * 2
+    assert all(math.isfinite(v) for v in held_out.values()) and held_out[3 * every] < held_out[every], (
+        held_out
+    )
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,16 @@ def test_stage3_learns_and_matches_pinned_losses(stage3_run):  # SMOKE_BUDGET_S,
     pinned = pinned_losses(NAME)
     assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert losses[-1] < losses[0] - 1.0, f"loss did not decrease: {losses[0]:.3f} -> {losses[-1]:.3f}"
+    # The held-out loss after each epoch (at its last step), on the test split's first 64 rows, falls too.
+    held_out = {int(step): loss for step, loss in results["eval_losses"].items()}
+    steps = params["MAX_STEPS_PER_EPOCH"]
+    assert (
+        sorted(held_out) == [steps * (e + 1) for e in range(params["NUM_EPOCHS"])]
+        and results["eval_rows"] == 64
+    )
+    assert all(math.isfinite(v) for v in held_out.values()) and held_out[max(held_out)] < held_out[steps], (
+        held_out
+    )
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
 
 

@@ -88,6 +88,8 @@ def test_ag_news_fixture_has_real_columns_and_labels():
     assert ds["train"].features["label"].names == ["World", "Sports", "Business", "Sci/Tech"]
     assert len(set(ds["train"]["label"])) == 4
     assert len(ds["train"]) == 2000 and len(ds["test"]) == 200
+    # The GPT-2 notebook's held-out rows (test[:64] in smoke mode) are none of the training rows.
+    assert not set(ds["test"]["text"]) & set(ds["train"]["text"])
 
 
 def test_play_script_and_chat_fixtures():
@@ -95,11 +97,22 @@ def test_play_script_and_chat_fixtures():
 
     play = load_dataset(helpers.fixtures.play_script_fixture())
     assert set(play) == {"train", "validation", "test"} and play["train"].num_rows == 1
+    # The Dolly notebook holds out the validation split's lines that are not training lines: 41 of 53.
+    spoken = {
+        split: [
+            line.strip() for line in play[split][0]["text"].splitlines() if line and not line.endswith(":")
+        ]
+        for split in ("train", "validation")
+    }
+    train_lines, validation = set(spoken["train"]), spoken["validation"]
+    assert len(validation) == 53 and len([line for line in validation if line not in train_lines]) == 41
     text = play["train"][0]["text"]
     assert text.splitlines()[0].endswith(":") and "\n\n" in text
     chat = load_dataset(helpers.fixtures.chat_fixture())
     row = chat["train"][0]["content"]
     assert row.startswith("<|system|>") and "<|prompter|>" in row and "<|assistant|>" in row
+    # The Llama notebooks' held-out rows (the test split) are none of the training rows.
+    assert chat["test"].num_rows == 8 and not set(chat["test"]["content"]) & set(chat["train"]["content"])
 
 
 # ---- parameter checks ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 from notebook_runs import (
     NodeLoss,
     check_cluster_run,
+    check_held_out,
     check_plan_matches_shards,
     execute,
     fetch,
@@ -79,6 +80,10 @@ def test_trains_within_the_time_budget(smoke_run):  # ELASTIC_BUDGET_S, which ex
     pinned = pinned_losses(NAME)
     assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
+    # The post's evaluation, restored: the held-out loss every EVAL_STEPS (8) and at the end, on the test
+    # split's conversations (none a training one: tests/test_helpers.py), an evaluation costing under 10 %
+    # of the steps between two.
+    check_held_out(results, results["parameters"]["EVAL_STEPS"], most_overhead=0.10)
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
 
 

@@ -10,6 +10,7 @@ from notebook_runs import (
     ARTIFACTS,
     TrackingStopped,
     check_cluster_run,
+    check_held_out,
     check_plan_matches_shards,
     execute,
     fetch,
@@ -64,6 +65,7 @@ def test_lora_trains_only_the_adapters(lora_run):
     losses = results["losses"]
     # Measured: the last 4 steps' mean 0.81 of the first 4's (12 steps; adapters start as a no-op).
     assert sum(losses[-4:]) / 4 < 0.9 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
+    check_held_out(results, results["parameters"]["EVAL_STEPS"])  # llama_fsdp's held-out rows, every 4 steps
     # The plan's LoRA shards against what each rank held: the bf16 base and fp32 adapters, their moments,
     # and the most gradient memory during a step of two accumulated micro-steps, each reduce-scattered
     # (measured: exact; with sync skipped, FSDP2 would hold whole gradients: test_fsdp_helpers.py).

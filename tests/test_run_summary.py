@@ -75,7 +75,7 @@ RESULTS = {  # the shape of the results each notebook writes (runs/*/NAME.json o
         "losses": [0.70, 0.69, 0.64, 0.44, 0.18, 0.04, 0.01, 0.004],
         "task": "cola",
         "eval_split": "validation",
-        "eval_metrics": {"matthews_correlation": 0.8765},
+        "metrics": {"matthews_correlation": 0.8765},
         "eval_history": [
             {"eval_loss": 0.6728, "eval_matthews_correlation": 0.0, "eval_runtime": 0.81},
             {"eval_loss": 0.0025, "eval_matthews_correlation": 0.8765, "eval_runtime": 0.17},

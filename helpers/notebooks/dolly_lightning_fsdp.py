@@ -11,8 +11,11 @@ def results(ns: dict) -> dict:
 
     watch, result, losses = ns["watch"], ns["result"], ns["losses"]
     ranks = watch.ranks()
+    workers = ns["NUM_WORKERS"]
     return {
         "losses": losses,
+        "eval_losses": ns["held_out"],  # step -> the held-out lines' mean loss
+        "eval_rows": ns["eval_lines"] // workers * workers,  # Ray Train splits them evenly: the rest wait
         "checkpoint_path": uri(result.checkpoint.filesystem, result.checkpoint.path),
         "final_loss": losses[-1],
         "param_shard_fraction": [r["param_shard_fraction"] for r in ranks],

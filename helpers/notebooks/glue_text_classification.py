@@ -12,12 +12,16 @@ def results(ns: dict) -> dict:
     from ..storage import uri
 
     watch, eval_log, best = ns["watch"], ns["eval_log"], ns["best_checkpoint"]
+    metric = f"eval_{ns['glue_task'].metric}"
     return {
         "losses": ns["losses"],
-        "checkpoint_path": uri(best.filesystem, best.path),
+        "checkpoint_path": uri(best.filesystem, best.path),  # the kept one: the best by the task's metric
+        "best_step": ns["best_metrics"]["step"],
         "task": ns["TASK"],
         "eval_split": ns["glue_task"].validation_split,
-        "eval_metrics": ns["eval_metrics"],
+        "metrics": ns["metrics"],  # the kept checkpoint's, every metric of the task
+        "eval_metrics": {e["step"]: e[metric] for e in eval_log},  # the task's metric at each evaluation
+        "eval_rows": ns["evaluated_rows"],
         "evaluated_rows": ns["evaluated_rows"],  # equal to validation_rows: the metric is the whole split's
         "validation_rows": ns["validation_rows"],
         "eval_history": _eval_history(eval_log),

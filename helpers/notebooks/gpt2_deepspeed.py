@@ -11,8 +11,11 @@ def results(ns: dict) -> dict:
 
     watch, result, resumed, losses = ns["watch"], ns["result"], ns["resumed"], ns["losses"]
     ranks = watch.ranks()  # what each worker measured at its first step
+    history = result.metrics_dataframe.sort_values("epoch")  # a row per epoch: its step and held-out loss
     return {
         "losses": losses,
+        "eval_losses": {int(s): float(v) for s, v in zip(history["step"], history["eval_loss"], strict=True)},
+        "eval_rows": int(history["eval_rows"].iat[0]),
         "checkpoint_path": uri(result.checkpoint.filesystem, result.checkpoint.path),
         "final_loss": losses[-1],
         "zero_stage": ns["ZERO_STAGE"],
