@@ -650,9 +650,13 @@ def fetch_model(model_name: str) -> float:
     start = time.perf_counter()
     if not os.path.isdir(model_name):
         from huggingface_hub import constants, snapshot_download
+        from huggingface_hub.errors import DryRunError
 
         patterns = ["*.json", "*.safetensors", "*.model", "tokenizer*"]
-        files = snapshot_download(model_name, allow_patterns=patterns, dry_run=True)
+        try:
+            files = snapshot_download(model_name, allow_patterns=patterns, dry_run=True)
+        except DryRunError:  # the Hub out of reach (HF_HUB_OFFLINE): the cached copy, or the download's error
+            files = []
         need = sum(f.file_size or 0 for f in files if f.will_download)
         cache = Path(constants.HF_HUB_CACHE)
         free = shutil.disk_usage(next(p for p in [cache, *cache.parents] if p.exists())).free

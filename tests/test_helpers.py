@@ -231,6 +231,7 @@ def test_a_download_that_would_not_fit_is_refused_before_it_starts(monkeypatch, 
     # Rank 0 on a node the autoscaler added after the Set up cell: the Hub's sizes against the free disk.
     import huggingface_hub
     from huggingface_hub import DryRunFileInfo
+    from huggingface_hub.errors import DryRunError
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     asked = []
@@ -244,6 +245,17 @@ def test_a_download_that_would_not_fit_is_refused_before_it_starts(monkeypatch, 
     with pytest.raises(OSError, match=r"needs 1000000000.0 GB in the Hugging Face cache .*HF_HOME"):
         helpers.cluster.fetch_model("meta-llama/x")
     assert asked == [True]  # nothing downloaded
+
+    # Offline (HF_HUB_OFFLINE), the dry run cannot ask the Hub: no check, and the cached copy is used.
+    def offline(repo_id, allow_patterns, dry_run=False):
+        asked.append(dry_run)
+        if dry_run:
+            raise DryRunError("Dry run cannot be performed as the repository cannot be accessed.")
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    helpers.cluster.fetch_model("meta-llama/x")
+    assert asked == [True, True, False]
 
 
 def test_log_noise_patterns_drop_noise_and_keep_progress():
