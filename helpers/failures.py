@@ -138,9 +138,9 @@ class RunLog:
     def track(self, step: int, metrics: dict) -> None:
         """Numbers other than a step's loss (e.g. an evaluation's) to MLflow, at `step`, once per step; kept
         for `evaluation_history`."""
-        self.evaluations[int(step)] = {k: float(v) for k, v in metrics.items()}
+        numbers = self.evaluations[int(step)] = {k: float(v) for k, v in metrics.items()}
         if self._tracker is not None and step > self._tracked_evaluations:
-            self._tracker.log(int(step), {k: float(v) for k, v in metrics.items()})
+            self._tracker.log(int(step), dict(numbers))
             self._tracked_evaluations = int(step)
 
     def claim_kill(self, step: int) -> bool:

@@ -225,6 +225,13 @@ class _Watching:
         dist.all_reduce(value)  # a sum: gloo has no average
         return value.item() / self.world_size
 
+    def _evaluated(self, step: int, numbers: dict, line: str = "") -> None:
+        """Rank 0: an evaluation's `numbers` after step `step`: a progress line (by default, each number),
+        MLflow and `Watch.evaluations`."""
+        log = self.watch.run_log
+        line = line or f"evaluated at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in numbers.items())
+        self._safely("the run log", lambda: (log.say.remote(line), log.track.remote(step, numbers)))
+
     def _log(self, step: int, loss: float, seconds: float | None = None, **shown) -> None:
         if self.rank == 0:
             log = self.watch.run_log.log
@@ -353,9 +360,7 @@ class Observer(_Watching):
         now = time.perf_counter()
         seconds, self.last = now - self.last, now
         if self.rank == 0:
-            log, numbers = self.watch.run_log, {**numbers, "eval_seconds": seconds}
-            line = f"evaluated at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in numbers.items())
-            self._safely("the run log", lambda: (log.say.remote(line), log.track.remote(step, numbers)))
+            self._evaluated(step, {**numbers, "eval_seconds": seconds})
 
 
 def lightning_observer(watch: Watch):
@@ -394,10 +399,8 @@ def lightning_observer(watch: Watch):
         def on_validation_end(self, trainer, pl_module) -> None:  # each metric logged in validation
             if trainer.sanity_checking or trainer.global_rank != 0 or not self.started:
                 return
-            step, log = trainer.global_step, self.watch.run_log
             numbers = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
-            line = f"evaluated at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in numbers.items())
-            self._safely("the run log", lambda: (log.say.remote(line), log.track.remote(step, numbers)))
+            self._evaluated(trainer.global_step, numbers)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if not self.measured:  # after the first step: what this rank's shards hold, against the plan
@@ -442,11 +445,7 @@ def trainer_observer(watch: Watch, metric: str):
                 numbers = {
                     k: v for k, v in logs.items() if k.startswith("eval_") and isinstance(v, int | float)
                 }
-                log = self.watch.run_log
-                self._safely(
-                    "the run log",
-                    lambda: (log.say.remote(line), log.track.remote(state.global_step, numbers)),
-                )
+                self._evaluated(state.global_step, numbers, line)
 
     return TrainerObserver()
 

@@ -323,12 +323,12 @@ def _with_deadline(
     import time
 
     log = logging.getLogger(__name__)
-    deadline = stall_s + size / min_rate
+    per_try = deadline = stall_s + size / min_rate
     problem = "no error"
     device = _current_cuda_device()  # this rank's GPU: a new thread's current device is GPU 0
     for attempt in range(1, tries + 1):
         if until is not None:
-            deadline = min(stall_s + size / min_rate, until - time.monotonic())
+            deadline = min(per_try, until - time.monotonic())
             if deadline <= 0:
                 raise StorageStalled(
                     f"{what}: not {done} in time: this rank's checkpoint {'save' if done == 'written' else 'load'} "
@@ -366,8 +366,9 @@ def _with_deadline(
         problem = repr(outcome["error"]) if "error" in outcome else f"not done in {deadline:.0f} s"
         log.warning("%s: try %d of %d failed (%s)", what, attempt, tries, problem)
         stalls.append({"file": what.rsplit("/", 1)[-1], "try": attempt, "problem": problem})
-        if attempt < tries:  # backoff: 1, 2, 4, ... s
-            time.sleep(min(2 ** (attempt - 1), 30, *([max(0, until - time.monotonic())] if until else [])))
+        if attempt < tries:
+            backoff = min(2 ** (attempt - 1), 30)  # 1, 2, 4, ... s
+            time.sleep(backoff if until is None else max(0, min(backoff, until - time.monotonic())))
     raise StorageStalled(
         f"{what}: not {done} in {tries} tries ({deadline:.0f} s each, last: {problem}). The storage "
         + (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["collect", "section_run"]
+__all__ = ["collect", "section_run", "held_out_results"]
 
 
 def collect(notebook: str, ns: dict) -> dict:
@@ -21,6 +21,17 @@ def collect(notebook: str, ns: dict) -> dict:
         "smoke_test": bool(ns["SMOKE_TEST"]),
         "parameters": parameter_values(ns),
         **module.results(ns),
+    }
+
+
+def held_out_results(ns: dict) -> dict:
+    """The Llama notebooks' held-out evaluations, from their watch: the loss and the seconds by step, and
+    how many packed sequences each scored (an equal share per worker: the rest wait)."""
+    evaluations = ns["watch"].evaluations()  # step -> eval_loss, eval_seconds
+    return {
+        "eval_losses": {step: e["eval_loss"] for step, e in evaluations.items()},
+        "eval_seconds": {step: e["eval_seconds"] for step, e in evaluations.items()},
+        "eval_rows": len(ns["eval_packed"]) // ns["NUM_WORKERS"] * ns["NUM_WORKERS"],
     }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import section_run
+from . import held_out_results, section_run
 
 
 def results(ns: dict) -> dict:
@@ -12,12 +12,9 @@ def results(ns: dict) -> dict:
     watch, ranks, attempts, losses = ns["watch"], ns["ranks"], ns["attempts"], ns["losses"]
     fs, checkpoint_path = ns["fs"], ns["checkpoint_path"]
     merged = uri(fs, f"{checkpoint_path}/consolidated") if ns["LORA_MERGED"] else None
-    evaluations = watch.evaluations()  # step -> eval_loss, eval_seconds
     return {
         "losses": losses,
-        "eval_losses": {step: e["eval_loss"] for step, e in evaluations.items()},
-        "eval_seconds": {step: e["eval_seconds"] for step, e in evaluations.items()},
-        "eval_rows": len(ns["eval_packed"]) // ns["NUM_WORKERS"] * ns["NUM_WORKERS"],  # sequences scored
+        **held_out_results(ns),
         "final_loss": losses[-1],
         "checkpoint_path": uri(fs, checkpoint_path),
         "consolidated_path": uri(fs, f"{checkpoint_path}/adapter"),  # the adapter folder
