@@ -58,13 +58,13 @@ DOCS_EXECUTED := $(filter-out 0 false False FALSE no No NO,$(DOCS_EXECUTE))
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python requirements.txt pyproject.toml
+$(STAMP): $(BIN)/python requirements.txt requirements-dev.txt requirements-docs.txt pyproject.toml
 	$(BIN)/python -m pip install --upgrade --quiet pip
 	@# pip byte-compiles what it installs one file at a time (47 s of 91 s here); compileall below does it
 	@# on every core (34 s). Compiled here because where PYTHONDONTWRITEBYTECODE is set, Python never writes
 	@# .pyc files itself: every run would compile every import from source.
 	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements-dev.txt -r requirements-docs.txt
 	@# jsonschema imports rfc3987-syntax whenever it is installed (jupyter-events pulls it in, only to
 	@# check URI formats), and that import builds a parser: 1.6 s in every process that imports ray.
 	@# Measured here: ray.init 15 s -> 6 s, an empty 2-worker TorchTrainer.fit() 34 s -> 18 s without it.

@@ -79,3 +79,50 @@ def test_no_large_files_and_no_private_keys():
     assert large.returncode == 0, large.stdout + large.stderr
     keys = subprocess.run([str(BIN / "detect-private-key"), *files], cwd=ROOT, capture_output=True, text=True)
     assert keys.returncode == 0, keys.stdout + keys.stderr
+
+
+def _listed(requirements: Path) -> list[str]:
+    """The requirement lines of a requirements file, with those of the files it includes (`-r`)."""
+    lines = [line.split("#")[0].strip() for line in requirements.read_text().splitlines()]
+    return [
+        req
+        for line in lines
+        if line
+        for req in (_listed(requirements.parent / line[3:].strip()) if line.startswith("-r ") else [line])
+    ]
+
+
+def _installs(requirements: Path) -> set[str]:
+    """The distributions `pip install -r requirements` brings, read from the installed packages' own
+    metadata (their requirements and extras, for this Python and platform). One the Makefile uninstalls
+    again (rfc3987-syntax) counts, without its own requirements."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    todo = [Requirement(line) for line in _listed(requirements)]
+    seen: dict[str, set[str]] = {}
+    while todo:
+        req = todo.pop()
+        name, extras = canonicalize_name(req.name), set(req.extras)
+        if name in seen and extras <= seen[name]:
+            continue
+        seen[name] = seen.get(name, set()) | extras
+        try:
+            requires = importlib.metadata.requires(req.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            requires = []
+        for dep in map(Requirement, requires):
+            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in seen[name] | {""}):
+                todo.append(dep)
+    return set(seen)
+
+
+def test_the_notebooks_requirements_bring_no_test_docs_or_lint_tools():
+    # A learner's `pip install -r requirements.txt` (a workspace, a cluster's nodes) gets what the notebooks
+    # run on; the local cluster's S3 server, the tests, the lint tools and the docs site are layers above it.
+    notebooks = _installs(ROOT / "requirements.txt")
+    assert {"ray", "torch", "deepspeed", "lightning", "peft", "mlflow", "papermill", "boto3"} <= notebooks
+    tools = {"sphinx", "playwright", "moto", "ruff", "pre-commit", "pytest", "nbval", "myst-nb"}
+    assert not notebooks & tools, notebooks & tools
+    assert tools - {"sphinx", "myst-nb"} <= _installs(ROOT / "requirements-dev.txt")
+    assert {"sphinx", "myst-nb"} <= _installs(ROOT / "requirements-docs.txt")
