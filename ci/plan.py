@@ -107,9 +107,9 @@ def _plan(notebook: str, p: dict) -> int:
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *_: print(f"Warning: {message}\n")
         try:
-            rules, _ = checks._notebook(notebook)
+            rules, _ = checks.notebook_checks(notebook)
             rules(p)
-            checks._check_min_workers(notebook, p)
+            checks.check_min_workers(notebook, p)
             plan = checks.plan_for(notebook, p)
             if plan is None:
                 print(f"{notebook} has no memory plan.")

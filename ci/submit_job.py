@@ -97,7 +97,7 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
     return job_id, output
 
 
-SHIPPED = ("helpers", "notebooks")  # what a notebook run needs of the project
+SHIPPED = ("helpers", "harness", "notebooks")  # what a notebook run needs of the project
 
 
 def _excludes() -> list[str]:

@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def _techniques() -> list[tuple[str, str, dict]]:
     """(label, the notebook that teaches it, its plan_training recipe: the notebook's own, from
     `helpers.checks`), with activation checkpointing on for all, as the page says."""
-    from helpers.checks import _plan_dolly, _plan_gpt2, _plan_llama
+    from helpers.checks import plan_dolly, plan_gpt2, plan_llama
 
     def zero(stage: int, offload: str = "none") -> dict:
-        return _plan_gpt2({"ZERO_STAGE": stage, "OFFLOAD": offload})
+        return plan_gpt2({"ZERO_STAGE": stage, "OFFLOAD": offload})
 
     def llama(lora_rank: int) -> dict:
-        return _plan_llama({"USE_GRADIENT_CHECKPOINTING": True, "LORA_RANK": lora_rank, "LORA_MERGED": False})
+        return plan_llama({"USE_GRADIENT_CHECKPOINTING": True, "LORA_RANK": lora_rank, "LORA_MERGED": False})
 
     return [
         ("DDP (every GPU holds everything)", "glue_text_classification", zero(0)),
@@ -37,7 +37,7 @@ def _techniques() -> list[tuple[str, str, dict]]:
         (
             "FSDP (Lightning's FSDPStrategy)",
             "dolly_lightning_fsdp",
-            _plan_dolly({"PRECISION": "bf16-mixed", "CPU_OFFLOAD": False}),
+            plan_dolly({"PRECISION": "bf16-mixed", "CPU_OFFLOAD": False}),
         ),
         ("FSDP2 (`fully_shard`, the Llama recipe)", "llama_fsdp", llama(0)),
         ("LoRA r=16 over FSDP2", "llama_lora", llama(16)),

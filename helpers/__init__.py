@@ -1,23 +1,22 @@
-"""Shared plumbing for the notebooks: tiny local models, fixtures, a Ray that never hangs,
-parameter checks, the observers that watch a run, results files, plots and MLflow tracking.
+"""What the notebooks call: set-up, parameter checks, the observers that watch a run, storage for
+checkpoints and results, the "Will it fit?" planner, plots and MLflow tracking.
 
 The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) stay in the
 notebooks; this package holds only set-up a learner should not have to wade through. The names below
 are the ones the notebooks call; everything else lives in its module (`helpers.storage`,
-`helpers.plan`, ...), and what no notebook calls is private to `helpers`.
+`helpers.plan`, ...). The run machinery behind them (smoke mode, the run log, the results contract) is
+the `harness` package.
 """
 
+from harness.results import save_results, write_results
+
 from . import (
-    cache,
     checks,
     cluster,
-    failures,
-    fixtures,
     fsdp,
     observe,
     plan,
     storage,
-    tiny_models,
     tracking,
     zero_checkpoint,
 )
@@ -29,19 +28,14 @@ from .metrics import GlueMetric
 from .notebook import set_up
 from .observe import Observer, lightning_observer, trainer_observer, watch
 from .plots import plot_losses
-from .results import save_results, write_results
 from .smoke import parameter_values
 from .validate import ParameterError, choose_attention
 from .zero_checkpoint import zero_checkpoint_folder
 
 __all__ = [
-    # modules: the notebooks name checks, fsdp, plan, storage and tracking; ci/ and the tests the others
-    "cache",
+    # modules: the notebooks name checks, cluster, fsdp, plan, storage and tracking
     "cluster",
-    "failures",
-    "fixtures",
     "observe",
-    "tiny_models",
     "zero_checkpoint",
     # what the notebooks call
     "GLUE_TASKS",

@@ -40,7 +40,8 @@ PLACEMENTS = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
 def _common(p: dict, total_steps: int | None = None) -> None:
-    from .failures import check_kill_step
+    from harness.run_log import check_kill_step
+
     from .storage import check_storage_path
 
     check_int("NUM_WORKERS", p["NUM_WORKERS"], minimum=1)
@@ -59,7 +60,7 @@ def _common(p: dict, total_steps: int | None = None) -> None:
             )
     check_storage_path("STORAGE_PATH", p["STORAGE_PATH"])
     if "CPUS_PER_WORKER" in p:
-        _check_cpus_per_worker(p)
+        check_cpus_per_worker(p)
 
 
 # Why a notebook cannot continue on fewer workers after a failure (`MIN_WORKERS` refused), or None where
@@ -86,7 +87,7 @@ def _min_workers(p: dict) -> int:
     return p["NUM_WORKERS"] if value is None else value
 
 
-def _check_min_workers(notebook: str, p: dict) -> None:
+def check_min_workers(notebook: str, p: dict) -> None:
     """`MIN_WORKERS`: None or 1..NUM_WORKERS; fewer than NUM_WORKERS makes the run elastic, which needs a
     checkpoint that loads at another world size, and a plan that fits on MIN_WORKERS workers."""
     value = p.get("MIN_WORKERS")
@@ -123,7 +124,7 @@ def _check_min_workers(notebook: str, p: dict) -> None:
                 f"MIN_WORKERS={value}: after losing workers the run would continue on {value}, where it does "
                 f"not fit: {rows}. Raise MIN_WORKERS: fewer workers hold bigger shards." + lora
             )
-    _check_elastic_save_interval(p)
+    check_elastic_save_interval(p)
     _check_elastic_padding(p)
 
 
@@ -165,7 +166,7 @@ def _cluster_step_seconds(p: dict) -> float | None:
     return _step_seconds(p, params, peak, p["NUM_WORKERS"], flops_per_token=6, mfu=POST_MFU)
 
 
-def _check_elastic_save_interval(p: dict) -> None:
+def check_elastic_save_interval(p: dict) -> None:
     """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training."""
     import warnings
 
@@ -205,7 +206,7 @@ def _check_elastic_padding(p: dict) -> None:
     )
 
 
-def _check_cpus_per_worker(p: dict) -> None:
+def check_cpus_per_worker(p: dict) -> None:
     """Each worker reserves CPUS_PER_WORKER CPUs, and Ray gives it as many threads (OMP_NUM_THREADS):
     without a reservation a GPU worker gets one thread, for the CPU work it does (an offloaded optimizer
     step, rank 0's load). A node of `CLUSTER` must have room for its GPUs' workers."""
@@ -319,7 +320,7 @@ def _glue(p: dict) -> None:
 # ---- "will it fit?": each notebook's recipe, as helpers.plan.plan_training sees it -----------------
 
 
-def _plan_gpt2(p: dict) -> dict:
+def plan_gpt2(p: dict) -> dict:
     return dict(
         activation_checkpointing=False,
         sharding=f"zero{p['ZERO_STAGE']}",
@@ -335,7 +336,7 @@ def _plan_gpt2(p: dict) -> dict:
     )
 
 
-def _plan_dolly(p: dict) -> dict:
+def plan_dolly(p: dict) -> dict:
     compute_bytes = 4 if p["PRECISION"] in ("32-true", "64-true") else 2  # mixed precision: 16-bit
     return dict(
         activation_checkpointing=True,  # the strategy's activation_checkpointing_policy
@@ -355,7 +356,7 @@ def _plan_dolly(p: dict) -> dict:
     )
 
 
-def _plan_llama(p: dict) -> dict:
+def plan_llama(p: dict) -> dict:
     return dict(
         activation_checkpointing=p["USE_GRADIENT_CHECKPOINTING"],
         sharding="fsdp",
@@ -382,15 +383,15 @@ def _plan_llama(p: dict) -> dict:
 
 
 NOTEBOOKS: dict[str, tuple[Callable[[dict], None], Callable[[dict], dict] | None]] = {
-    "gpt2_deepspeed": (_gpt2, _plan_gpt2),
-    "dolly_lightning_fsdp": (_dolly, _plan_dolly),
-    "llama_fsdp": (_llama_fsdp, _plan_llama),
-    "llama_lora": (_llama_lora, _plan_llama),
+    "gpt2_deepspeed": (_gpt2, plan_gpt2),
+    "dolly_lightning_fsdp": (_dolly, plan_dolly),
+    "llama_fsdp": (_llama_fsdp, plan_llama),
+    "llama_lora": (_llama_lora, plan_llama),
     "glue_text_classification": (_glue, None),
 }
 
 
-def _notebook(name: str):
+def notebook_checks(name: str):
     if name not in NOTEBOOKS:
         raise ValueError(f"unknown notebook {name!r}; known: {sorted(NOTEBOOKS)}")
     return NOTEBOOKS[name]
@@ -401,7 +402,7 @@ def plan_for(notebook: str, p: dict, title: str | None = None):
     notebook without one (GLUE's models fit any GPU)."""
     from .plan import check_cluster, plan_training
 
-    recipe = _notebook(notebook)[1]
+    recipe = notebook_checks(notebook)[1]
     if recipe is None:
         return None
     if p["USE_GPU"]:
@@ -465,9 +466,9 @@ def _cell(row) -> str:
 
 def full_scale(p: dict) -> dict:
     """`p` with the full-scale defaults smoke mode replaced put back (the parameters cell's values)."""
-    from .smoke import _full_scale_defaults
+    from .smoke import full_scale_defaults
 
-    return {**p, **_full_scale_defaults()}
+    return {**p, **full_scale_defaults()}
 
 
 def check_parameters(notebook: str, namespace: dict):
@@ -480,16 +481,16 @@ def check_parameters(notebook: str, namespace: dict):
     warns); then whether the model and the data can be reached and the sequence fits the model; and
     last, that MLflow can track the run (`MLFLOW_TRACKING_URI`: a server answers, no credentials in it).
     """
-    from .cluster import _quiet_deepspeed_on_cpu
+    from .cluster import quiet_deepspeed_on_cpu
     from .smoke import check_parameter_names
-    from .validate import _hub_offline, check_max_positions, check_source_available
+    from .validate import check_max_positions, check_source_available, hub_offline
 
     check_parameter_names(namespace)
-    rules, _ = _notebook(notebook)
+    rules, _ = notebook_checks(notebook)
     rules(namespace)
     # Only now: it imports torch (1.3 s), and a misspelt name or a bad value is reported without waiting.
-    _quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
-    _check_min_workers(notebook, namespace)
+    quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
+    check_min_workers(notebook, namespace)
     plan = plan_for(notebook, namespace)
     if plan is not None:
         for name, choice in plan.choices.items():  # "auto" -> the plan's choice, for the run
@@ -501,7 +502,7 @@ def check_parameters(notebook: str, namespace: dict):
     if "GLUE_PATH" in p:
         if not p["GLUE_PATH"].startswith("hf://"):
             check_source_available("GLUE_PATH", p["GLUE_PATH"], "dataset")
-        elif _hub_offline():
+        elif hub_offline():
             raise ParameterError(
                 f"GLUE_PATH={p['GLUE_PATH']!r}: the Hugging Face Hub is offline (HF_HUB_OFFLINE=1). Pass a "
                 "local copy with the same layout, go online, or run the small version with SMOKE_TEST=True."
@@ -525,18 +526,18 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     for the files the plan puts there? For Llama, each node also fetches the weights now
     (`prefetch_model_on_nodes`)."""
     from .cluster import (
-        _check_storage_from_nodes,
         check_gpus_match_cluster,
         check_local_disk_on_nodes,
         check_resources,
+        check_storage_from_nodes,
         prefetch_model_on_nodes,
     )
     from .plan import Plan
-    from .tracking import _check_tracking_from_nodes, tracking_uri
+    from .tracking import check_tracking_from_nodes, tracking_uri
 
-    _notebook(notebook)
+    notebook_checks(notebook)
     p = namespace
-    _check_tracking_from_nodes()  # first: before the weights' download below
+    check_tracking_from_nodes()  # first: before the weights' download below
     fewest = _min_workers(p)  # an elastic run starts with as many as it gets, at least MIN_WORKERS
     check_resources(
         fewest,
@@ -544,7 +545,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
         p.get("CPUS_PER_WORKER", 1),
         name="MIN_WORKERS" if fewest < p["NUM_WORKERS"] else "NUM_WORKERS",
     )
-    nodes = _check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
+    nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
     where = f"; every node ({nodes}) reaches STORAGE_PATH" if nodes else ""
     if gpu_nodes := check_gpus_match_cluster(p):
         where += f"; the GPUs of {gpu_nodes} node(s) are CLUSTER's"

@@ -164,13 +164,13 @@ GC_THRESHOLD = (10_000, 10, 10)
 def _worker_setup_hook(secrets: dict[str, str]):
     """The job's `worker_process_setup_hook`, run in each worker process before any task: the collector's
     `GC_THRESHOLD`, `secrets` (the Hub token, a tracking server's token) in the worker's environment, and
-    fast bf16 matrix products on a CPU without bf16 instructions (`helpers.cpu_bf16`)."""
+    fast bf16 matrix products on a CPU without bf16 instructions (`harness.cpu_bf16`)."""
 
     def set_up_worker() -> None:
         import gc
         import os
 
-        from helpers import cpu_bf16
+        from harness import cpu_bf16
 
         gc.set_threshold(*GC_THRESHOLD)
         os.environ.update(secrets)
@@ -179,7 +179,7 @@ def _worker_setup_hook(secrets: dict[str, str]):
     return set_up_worker
 
 
-def _quiet_deepspeed_on_cpu() -> None:
+def quiet_deepspeed_on_cpu() -> None:
     """On a machine without a GPU, tell DeepSpeed so (`DS_ACCELERATOR=cpu`) before it is first imported.
 
     Otherwise its import logs "Setting accelerator to CPU ..." as a warning, in whichever cell first
@@ -283,9 +283,10 @@ def job_runtime_env(attach: bool) -> dict:
     - `worker_process_setup_hook`: the collector's `GC_THRESHOLD` in each worker process and, where the
       driver has a Hub token (`HF_TOKEN`) or a tracking server's credentials (`MLFLOW_TRACKING_TOKEN`, ...),
       those, so that they are in no log and no job table (see `HUB_TOKEN_VARS`).
-    - `py_modules` (when attaching to a cluster): this `helpers` package, uploaded with the job, so
-      that training functions can import it on nodes where the project is not installed.
+    - `py_modules` (when attaching to a cluster): the `helpers` and `harness` packages, uploaded with the
+      job, so that training functions can import them on nodes where the project is not installed.
     """
+    import harness
     import helpers
 
     from .tracking import OFFLINE_ENV, TRACKING_ENV_VARS, TRACKING_SECRET_VARS
@@ -305,14 +306,14 @@ def job_runtime_env(attach: bool) -> dict:
             env_vars.pop(key, None)
         for field in set(job) & {"worker_process_setup_hook", "py_modules"}:
             runtime_env.pop(field, None)
-    if attach and not (job or {}).get("working_dir"):  # a job's working_dir ships helpers already
-        runtime_env["py_modules"] = [helpers]
+    if attach and not (job or {}).get("working_dir"):  # a job's working_dir ships both already
+        runtime_env["py_modules"] = [helpers, harness]
     return runtime_env
 
 
 def _job_runtime_env() -> dict | None:
     """In the driver of a submitted Ray Job (`ray job submit`): the job's runtime environment (e.g. its
-    `working_dir`, which holds this project's `helpers`, and its `env_vars`); None outside a job. Ray
+    `working_dir`, which holds this project's `helpers` and `harness`, and its `env_vars`); None outside a job. Ray
     merges it with the one `ray.init` is given and raises on a field, or a variable, set in both."""
     import json
 
@@ -338,7 +339,8 @@ def start_ray(
 
     import ray
 
-    from .cache import cache_dir
+    from harness.cache import cache_dir
+
     from .tracking import configure as configure_tracking
 
     found = None if os.environ.get("RAY_ADDRESS") else _cluster_ray_finds()
@@ -497,7 +499,7 @@ def _on_every_node(check, *args, use_gpu: bool = False) -> dict[str, object]:
     `use_gpu`, else with a CPU), as a Ray task pinned to the node; return {"address node-id": its result}.
 
     Used by the node-by-node checks before `fit()`: `prefetch_model_on_nodes` and
-    `_check_storage_from_nodes`. On a Ray this notebook started on this machine (no `RAY_ADDRESS`), the one
+    `check_storage_from_nodes`. On a Ray this notebook started on this machine (no `RAY_ADDRESS`), the one
     node is this process's and its workers inherit this environment: the check runs here, without starting
     a worker process for it (about 1 s of both cores on a laptop).
     """
@@ -521,7 +523,7 @@ def _on_every_node(check, *args, use_gpu: bool = False) -> dict[str, object]:
     return dict(zip(labels, ray.get(refs), strict=True))
 
 
-def _check_storage_from_nodes(name: str, value: str) -> int:
+def check_storage_from_nodes(name: str, value: str) -> int:
     """Write and delete a test object in `value` from every node of the Ray cluster; return how many nodes.
 
     Checkpoints are written by the workers, not by the notebook, and Ray does not send the driver's
@@ -530,10 +532,10 @@ def _check_storage_from_nodes(name: str, value: str) -> int:
     hours in. This finds it before `fit()`. A local folder must be one folder on every node
     (`_check_shared_folder`).
     """
-    from .storage import _is_uri, _write_probe
+    from .storage import is_uri, write_probe
     from .validate import ParameterError
 
-    if not _is_uri(value) or value.startswith("file://"):
+    if not is_uri(value) or value.startswith("file://"):
         return _check_shared_folder(name, value.removeprefix("file://"))
 
     def probe(uri: str) -> str | None:
@@ -541,7 +543,7 @@ def _check_storage_from_nodes(name: str, value: str) -> int:
 
         try:
             fs, path = pafs.FileSystem.from_uri(uri)
-            _write_probe(fs, path)
+            write_probe(fs, path)
         except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
             return f"{type(exc).__name__}: {exc}"
         return None

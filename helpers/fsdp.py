@@ -51,7 +51,7 @@ def fsdp_strategy_class():
     import torch
     from ray.train.lightning import RayFSDPStrategy
 
-    from .storage import _StoredFolder
+    from .storage import StoredFolder
 
     class ShardedRayFSDPStrategy(RayFSDPStrategy):
         def __init__(self, *args, state_dict_type: str = "sharded", **kwargs):
@@ -75,12 +75,12 @@ def fsdp_strategy_class():
                 super().save_checkpoint(checkpoint, filepath, storage_options)
 
         def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
-            if isinstance(checkpoint_path, _StoredFolder) and self._state_dict_type == "sharded":
+            if isinstance(checkpoint_path, StoredFolder) and self._state_dict_type == "sharded":
                 return self._load_where_stored(checkpoint_path, weights_only)
             with self._each_rank_its_own_path():
                 return super().load_checkpoint(checkpoint_path, weights_only)
 
-        def _load_where_stored(self, folder: _StoredFolder, weights_only) -> dict[str, Any]:
+        def _load_where_stored(self, folder: StoredFolder, weights_only) -> dict[str, Any]:
             return _load_sharded_in_place(self, folder, weights_only)
 
         def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -104,7 +104,7 @@ def fsdp_strategy_class():
 
 
 def _load_sharded_in_place(self, folder, weights_only) -> dict[str, Any]:
-    """`ShardedRayFSDPStrategy.load_checkpoint` of a `_StoredFolder`: each rank reads its byte ranges where
+    """`ShardedRayFSDPStrategy.load_checkpoint` of a `StoredFolder`: each rank reads its byte ranges where
     the checkpoint is stored."""
     import torch
 
@@ -193,7 +193,7 @@ LIGHTNING_PRECISIONS = (
 )
 
 
-def _frozen_fingerprint(model) -> list[int]:
+def frozen_fingerprint(model) -> list[int]:
     """For each frozen parameter (LoRA's base), the sum of the bytes of this rank's shard: a change to any
     weight changes it. Cheap enough to take at 70B (one pass over the shards, no copy)."""
     import torch
@@ -209,11 +209,11 @@ def _frozen_fingerprint(model) -> list[int]:
 
 
 def frozen_tensors_changed(model, before: list[int]) -> int:
-    """How many frozen tensors differ from `_frozen_fingerprint`'s `before`, summed over all ranks."""
+    """How many frozen tensors differ from `frozen_fingerprint`'s `before`, summed over all ranks."""
     import torch
     import torch.distributed as dist
 
-    after = _frozen_fingerprint(model)
+    after = frozen_fingerprint(model)
     device = next(model.parameters()).device  # NCCL reduces only tensors on the GPU; gloo, on the CPU
     changed = sum(a != b for a, b in zip(before, after, strict=True))
     changed = torch.tensor(changed, dtype=torch.int64, device=device)

@@ -1,6 +1,6 @@
 """The Set up cell: one call between a notebook's parameters and its lesson.
 
-`set_up(notebook, globals())` starts the run's clock, applies smoke mode (`helpers.smoke_settings`), checks
+`set_up(notebook, globals())` starts the run's clock, applies smoke mode (`harness.smoke_settings`), checks
 the parameters and plans the run (`helpers.checks.check_parameters`), starts Ray or joins the cluster in
 `RAY_ADDRESS` (`helpers.cluster.start_ray`), and checks that the cluster can hold the run (`helpers.checks.check_cluster`).
 """
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import gc
 
-from . import checks, cluster, cpu_bf16, results, smoke, smoke_settings
+from harness import cpu_bf16, results, smoke_settings
+
+from . import checks, cluster, smoke
 
 __all__ = ["set_up"]
 
@@ -18,7 +20,7 @@ def set_up(notebook: str, namespace: dict):
     """Set up `notebook`'s run from its globals (`namespace`, updated in place); return its "will it fit?"
     plan (None for a notebook without one).
 
-    1. With `SMOKE_TEST`: the laptop-sized model, fixtures and run of `helpers.smoke_settings`, for every
+    1. With `SMOKE_TEST`: the laptop-sized model, fixtures and run of `harness.smoke_settings`, for every
        parameter still at its full-scale default; a value you passed or edited stays. Prints what changed.
     2. `helpers.checks.check_parameters`: a misspelt name, a bad value, unwritable storage, a model or data out of
        reach, or a run that will not fit fails here, naming the parameter and what is allowed.

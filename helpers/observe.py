@@ -43,7 +43,7 @@ class Watch:
         return {**self.__dict__, "_progress": None}
 
     def __enter__(self) -> Watch:
-        from .failures import show_progress
+        from harness.run_log import show_progress
 
         self._progress = show_progress(self.run_log)
         self._progress.__enter__()
@@ -61,7 +61,7 @@ class Watch:
     def resumed(self, total_steps: int) -> Watch:
         """A watch for a run that continues this one from its checkpoint, up to `total_steps`: the same
         MLflow run and progress lines, and no planned kill."""
-        from .failures import run_log
+        from harness.run_log import run_log
 
         log = run_log(total_steps, self.print_every, 0, self.mlflow_run_id)
         return Watch(log, self.mlflow_run_id, 0, total_steps, self.print_every)
@@ -125,7 +125,7 @@ def watch(
     a kill: the rank-1 worker kills its own process at that step ("When a worker dies" passes it; checked:
     a step of this run, with a rank 1 to kill). A new MLflow run records the notebook's parameters, unless
     `mlflow_run_id` continues one (a resumed run)."""
-    from .failures import check_kill_step, run_log
+    from harness.run_log import check_kill_step, run_log
 
     if print_every is None:
         print_every = namespace.get("LOGGING_STEPS") or max(1, total_steps // 6)
@@ -176,7 +176,7 @@ class _Watching:
     def _start(self, rank: int, world_size: int, steps_done: int, facts: dict, fetched=None) -> None:
         """The attempt's first step: it starts after `steps_done` steps (0, or a checkpoint's). `fetched`,
         (bytes read, checkpoint bytes) of the checkpoint it resumed from, where the caller knows them; else
-        what this process last read through `helpers.storage` (`_take_last_fetch`), if anything."""
+        what this process last read through `helpers.storage` (`take_last_fetch`), if anything."""
         self._begin_attempt(rank, world_size, steps_done)
         self._send_facts(facts, fetched)
 
@@ -197,11 +197,11 @@ class _Watching:
         """What this rank measured at its attempt's first step, its Ray node, and what it read to resume."""
         import ray
 
-        from .storage import _take_last_fetch
+        from .storage import take_last_fetch
 
         self.started = True
         self.facts = {"node_id": ray.get_runtime_context().get_node_id(), **facts}
-        fetched = fetched or _take_last_fetch()  # what this worker read of the checkpoint it resumed from
+        fetched = fetched or take_last_fetch()  # what this worker read of the checkpoint it resumed from
         if fetched:
             self.facts.update(resume_bytes=fetched[0], checkpoint_bytes=fetched[1])
         self.watch.run_log.rank_facts.remote(self.rank, self.facts)
@@ -211,7 +211,7 @@ class _Watching:
         self.watch.run_log.rank_facts.remote(self.rank, self.facts)
 
     def _kill_if_due(self, rank: int, step: int) -> None:
-        from .failures import kill_if_due
+        from harness.run_log import kill_if_due
 
         kill_if_due(self.watch.run_log, rank, step, self.watch.kill_at_step)
 
@@ -281,13 +281,13 @@ class Observer(_Watching):
     def _hook(self) -> None:
         if self.model is None or hasattr(self.model, "zero_optimization_stage"):
             return
-        from .fsdp import _frozen_fingerprint
+        from .fsdp import frozen_fingerprint
 
         self.model.register_forward_pre_hook(self._count)
         if self.optimizer is not None:
             self._pre_step = self.optimizer.register_step_pre_hook(self._gradients)
         if any(not p.requires_grad for p in self.model.parameters()):
-            self.frozen = _frozen_fingerprint(self.model)
+            self.frozen = frozen_fingerprint(self.model)
 
     def _count(self, module, args) -> None:
         self.micro_steps += 1
@@ -456,7 +456,7 @@ def _model_facts(model) -> dict:
     if model is None:
         return {}
     if hasattr(model, "zero_optimization_stage"):  # a DeepSpeed engine
-        from .sharding import _zero_state_bytes, zero_partition_fraction
+        from .sharding import zero_partition_fraction, zero_state_bytes
 
-        return {"partition_fraction": zero_partition_fraction(model), "state_bytes": _zero_state_bytes(model)}
+        return {"partition_fraction": zero_partition_fraction(model), "state_bytes": zero_state_bytes(model)}
     return {}

@@ -31,7 +31,7 @@ def zero_partition_fraction(engine) -> float:
     return local / total
 
 
-def _zero_state_bytes(engine) -> dict[str, int]:
+def zero_state_bytes(engine) -> dict[str, int]:
     """Bytes of 16-bit weights and of optimizer state (fp32 master weights and AdamW moments) this rank
     of a DeepSpeed `engine` holds, after its first step: to compare with the GPT-2 notebook's plan.
 

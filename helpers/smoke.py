@@ -1,7 +1,7 @@
 """The notebook's parameters: names papermill may pass, smoke mode's replacements, the values a run used.
 
 Used by `helpers.set_up`, the "Set up" cell of every notebook (`smoke_overrides`, with the tables of
-`helpers.smoke_settings`; `check_parameter_names` through `helpers.checks.check_parameters`), and
+`harness.smoke_settings`; `check_parameter_names` through `helpers.checks.check_parameters`), and
 `parameter_values` by the "What the run showed" cell.
 """
 
@@ -136,7 +136,7 @@ def parameter_values(namespace: dict) -> dict:
 _replaced_defaults: dict = {}  # parameter: its full-scale default, for what smoke mode replaced
 
 
-def _full_scale_defaults() -> dict:
+def full_scale_defaults() -> dict:
     """The full-scale defaults of the parameters the last `smoke_overrides` replaced ({} outside smoke mode):
     the "will it fit?" tables show the full-scale run next to the laptop's."""
     return dict(_replaced_defaults)

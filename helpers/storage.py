@@ -41,7 +41,7 @@ __all__ = [
 SCHEMES = "a local or NFS folder, s3://bucket/prefix, gs://bucket/prefix or hdfs://host/path"
 
 
-def _is_uri(path: str) -> bool:
+def is_uri(path: str) -> bool:
     return "://" in str(path)
 
 
@@ -70,7 +70,7 @@ def shown(text: str, shell: bool = False) -> str:
     return text.replace(home.rstrip("/") + "/", ("$HOME" if shell else "~") + "/")
 
 
-def _write_probe(fs, path: str) -> None:
+def write_probe(fs, path: str) -> None:
     """Create `path` and write, read back and delete one small object there."""
     fs.create_dir(path, recursive=True)
     probe = f"{path.rstrip('/')}/.write-check-{uuid.uuid4().hex[:8]}"
@@ -122,7 +122,7 @@ def check_storage_path(name: str, value: str) -> str:
             "credentials instead: instance credentials, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in "
             "each node's environment (for gs://, GOOGLE_APPLICATION_CREDENTIALS)."
         )
-    if not _is_uri(value) or value.startswith("file://"):
+    if not is_uri(value) or value.startswith("file://"):
         folder = Path(value.removeprefix("file://")).expanduser().absolute()
         parent = next(p for p in [folder, *folder.parents] if p.exists())
         if not parent.is_dir() or not os.access(parent, os.W_OK):
@@ -148,7 +148,7 @@ def check_storage_path(name: str, value: str) -> str:
             f"{name}={value!r}: the bucket {bucket!r} does not exist{where}. Create it, or fix the name."
         )
     try:
-        _write_probe(fs, path)
+        write_probe(fs, path)
     except OSError as exc:
         raise ParameterError(f"{name}={value!r}: cannot write to it{where}: {exc}.") from None
     return value
@@ -303,7 +303,7 @@ class _Abandonable:
 STREAM_FILE_BYTES = 1 << 30
 
 
-def _with_deadline(
+def with_deadline(
     what: str,
     size: int,
     work,
@@ -481,12 +481,12 @@ def dcp_writer(
                 return FsspecWriter._write_data(self, planner, files).value()
 
             size = sum(_item_size(i) for i in entry[2] if i.type != WriteItemType.BYTE_IO)
-            return _with_deadline(entry[0], size, write, **bounds)
+            return with_deadline(entry[0], size, write, **bounds)
 
         def finish(self, metadata, results) -> None:
             # Rank 0's index, `.metadata`: written to a temporary name, then renamed.
             path = f"{self.path}/.metadata"
-            _with_deadline(path, 0, lambda: FsspecWriter.finish(self, metadata, results), **bounds)
+            with_deadline(path, 0, lambda: FsspecWriter.finish(self, metadata, results), **bounds)
 
     writer = BoundedFileWriter(path, sync_files=False)  # fsync means nothing for an object store
     writer.stalls = []  # each try given up: {"file", "try", "problem"}
@@ -508,7 +508,7 @@ def upload_folder(local: str, filesystem, path: str, stall_s: float = STALL_S) -
     def copy() -> None:
         pafs.copy_files(local, path, destination_filesystem=filesystem, chunk_size=64 << 20)
 
-    _with_deadline(path, size, copy, stall_s=stall_s, min_rate=MIN_WRITE_RATE, tries=1, stalls=[])
+    with_deadline(path, size, copy, stall_s=stall_s, min_rate=MIN_WRITE_RATE, tries=1, stalls=[])
 
 
 def write_json(filesystem, path: str, value, stall_s: float = STALL_S, tries: int = WRITE_TRIES) -> None:
@@ -523,7 +523,7 @@ def write_json(filesystem, path: str, value, stall_s: float = STALL_S, tries: in
         with filesystem.open_output_stream(path) as f:
             f.write(data)
 
-    _with_deadline(path, len(data), write, stall_s=stall_s, min_rate=MIN_WRITE_RATE, tries=tries, stalls=[])
+    with_deadline(path, len(data), write, stall_s=stall_s, min_rate=MIN_WRITE_RATE, tries=tries, stalls=[])
 
 
 def read_json(filesystem, path: str, stall_s: float = STALL_S, tries: int = WRITE_TRIES):
@@ -534,7 +534,7 @@ def read_json(filesystem, path: str, stall_s: float = STALL_S, tries: int = WRIT
         with filesystem.open_input_stream(path) as f:
             return json.loads(f.read())
 
-    return _with_deadline(
+    return with_deadline(
         path, 1 << 20, read, stall_s=stall_s, min_rate=MIN_WRITE_RATE, tries=tries, stalls=[], done="read"
     )
 
@@ -572,7 +572,7 @@ def dcp_reader(
             # load, and a resume loads twice (the model, then the optimizer state).
             if self._metadata is None:
                 read = functools.partial(FsspecReader.read_metadata, self, *args, **kwargs)
-                self._metadata = _with_deadline(f"{path}/.metadata", 0, read, **bounds)
+                self._metadata = with_deadline(f"{path}/.metadata", 0, read, **bounds)
                 self.bytes_read += filesystem.get_file_info(f"{path}/.metadata").size
             metadata = copy.deepcopy(self._metadata)
             metadata.storage_meta.load_id = self.load_id
@@ -606,7 +606,7 @@ def dcp_reader(
         def _read(self, file, sinfo) -> bytes:
             what = f"{path}/{sinfo.relative_path} ({sinfo.length} bytes at {sinfo.offset})"
             read = functools.partial(file.read_at, sinfo.length, sinfo.offset)
-            return _with_deadline(what, sinfo.length, read, **bounds)
+            return with_deadline(what, sinfo.length, read, **bounds)
 
         def _slice_file(self, file, sinfo):
             # The range fetched ahead (or, asked for out of that order, fetched now).
@@ -620,7 +620,7 @@ def dcp_reader(
     bounds = dict(stall_s=stall_s, min_rate=min_rate, tries=tries, stalls=reader.stalls, done="read")
     reader.fs = _torch_fsspec_filesystem(filesystem)
     reader.path = path
-    _LAST_READ[:] = [reader, filesystem, path]  # for this worker's observer: what resuming read
+    LAST_READ[:] = [reader, filesystem, path]  # for this worker's observer: what resuming read
     return reader
 
 
@@ -655,12 +655,12 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
 
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
     bounds = dict(stall_s=STALL_S, min_rate=MIN_WRITE_RATE, stalls=[], done="read")
-    sizes = _with_deadline(root, 0, lambda: _file_sizes(fs, root), tries=WRITE_TRIES, **bounds)
+    sizes = with_deadline(root, 0, lambda: _file_sizes(fs, root), tries=WRITE_TRIES, **bounds)
     chosen = [path for path in sizes if files is None or files(path)]
 
     def fetched(folder: str) -> _FetchedFolder:
         got = _FetchedFolder(folder, sum(sizes[p] for p in chosen), sum(sizes.values()))
-        _LAST_FETCH[:] = [got.bytes_fetched, got.checkpoint_bytes]  # for this worker's observer
+        LAST_FETCH[:] = [got.bytes_fetched, got.checkpoint_bytes]  # for this worker's observer
         return got
 
     if isinstance(fs, pafs.LocalFileSystem):
@@ -680,22 +680,22 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
                     destination_filesystem=pafs.LocalFileSystem(),
                 )
 
-        _with_deadline(root, sum(sizes[p] for p in chosen), copy, tries=1, **bounds)
+        with_deadline(root, sum(sizes[p] for p in chosen), copy, tries=1, **bounds)
         yield fetched(folder)
 
 
-_LAST_FETCH: list[int] = []  # (bytes fetched, checkpoint bytes) of this process's last checkpoint_folder
-_LAST_READ: list = []  # (reader, filesystem, path) of this process's last dcp_reader
+LAST_FETCH: list[int] = []  # (bytes fetched, checkpoint bytes) of this process's last checkpoint_folder
+LAST_READ: list = []  # (reader, filesystem, path) of this process's last dcp_reader
 
 
-def _take_last_fetch() -> tuple[int, int] | None:
+def take_last_fetch() -> tuple[int, int] | None:
     """What this process's last `checkpoint_folder` fetched, or its last `dcp_reader` read, once: (bytes
     fetched, the checkpoint's bytes)."""
-    got = tuple(_LAST_FETCH) or None
-    if got is None and _LAST_READ:
-        reader, fs, path = _LAST_READ
+    got = tuple(LAST_FETCH) or None
+    if got is None and LAST_READ:
+        reader, fs, path = LAST_READ
         try:  # a LIST of the bucket, for a measurement: a stalled one costs the step LIST_S at most
-            sizes = _with_deadline(
+            sizes = with_deadline(
                 path,
                 0,
                 lambda: _file_sizes(fs, path),
@@ -708,8 +708,8 @@ def _take_last_fetch() -> tuple[int, int] | None:
             got = (reader.bytes_read, sum(sizes.values()))
         except (StorageStalled, OSError):
             got = (reader.bytes_read, None)
-    _LAST_FETCH.clear()
-    _LAST_READ.clear()
+    LAST_FETCH.clear()
+    LAST_READ.clear()
     return got
 
 
@@ -744,7 +744,7 @@ class _FetchedFolder(str):
         return str(self), self.bytes_fetched, self.checkpoint_bytes
 
 
-class _StoredFolder(str):
+class StoredFolder(str):
     """A folder of a Ray Train checkpoint, named by its URI (or local path), to be read where it is stored.
 
     `stored_folder(checkpoint, "checkpoint.ckpt")` gives one; passed as Lightning's `ckpt_path` to the
@@ -758,16 +758,16 @@ class _StoredFolder(str):
     checkpoint_bytes: int
     bytes_read: int
 
-    def __new__(cls, filesystem, path: str, checkpoint_bytes: int) -> _StoredFolder:
+    def __new__(cls, filesystem, path: str, checkpoint_bytes: int) -> StoredFolder:
         folder = super().__new__(cls, uri(filesystem, path))
         folder.filesystem, folder.path = filesystem, path
         folder.checkpoint_bytes, folder.bytes_read = checkpoint_bytes, 0
         return folder
 
 
-def stored_folder(checkpoint, subfolder: str = "") -> _StoredFolder:
-    """`subfolder` of a Ray Train `checkpoint`, to be read in place (`_StoredFolder`); `checkpoint_bytes`
+def stored_folder(checkpoint, subfolder: str = "") -> StoredFolder:
+    """`subfolder` of a Ray Train `checkpoint`, to be read in place (`StoredFolder`); `checkpoint_bytes`
     is the size of the whole checkpoint."""
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
     size = sum(_file_sizes(fs, root).values())
-    return _StoredFolder(fs, f"{root}/{subfolder}" if subfolder else root, size)
+    return StoredFolder(fs, f"{root}/{subfolder}" if subfolder else root, size)

@@ -4,7 +4,7 @@ Used by each notebook's watch (`helpers.watch`: `start_run`, and `BackgroundLogg
 actor, which logs what the observers send it), its
 section "Going further: tracking" (`ui_command`, `_metric_steps`), and its last cell, where
 `helpers.write_results` ends the run with the run's summary (`finish_run`). The set-up checks
-(`check_tracking`, `_check_tracking_from_nodes`) fail in the first cells.
+(`check_tracking`, `check_tracking_from_nodes`) fail in the first cells.
 
 Where runs go:
 
@@ -14,7 +14,7 @@ Where runs go:
   environment variables of the job, which Ray logs (see `helpers.cluster.job_runtime_env`).
 - Otherwise a SQLite file in this project's cache (`_default_uri`): no server. Every worker must be able to
   open that file, so it serves a Ray on this machine (or the local two-node cluster), not workers on other
-  machines; `_check_tracking_from_nodes` says so in the first cells.
+  machines; `check_tracking_from_nodes` says so in the first cells.
 
 One MLflow run per training run: the driver creates the run before `fit()` and hands its id to the
 workers in the training config. Every attempt's rank 0 logs into that run, so a restarted worker group
@@ -107,8 +107,8 @@ def best_effort(call, failed, default=None):
 
 
 def _default_uri() -> str:
-    """The embedded store: `sqlite:///<cache>/mlflow/mlflow.db` (`helpers.cache.cache_dir`)."""
-    from .cache import cache_dir
+    """The embedded store: `sqlite:///<cache>/mlflow/mlflow.db` (`harness.cache.cache_dir`)."""
+    from harness.cache import cache_dir
 
     folder = cache_dir() / "mlflow"
     folder.mkdir(exist_ok=True)
@@ -116,7 +116,7 @@ def _default_uri() -> str:
 
 
 def _artifact_root() -> str:
-    from .cache import cache_dir
+    from harness.cache import cache_dir
 
     return (cache_dir() / "mlflow" / "artifacts").as_uri()
 
@@ -210,7 +210,7 @@ def _credential_refused(uri: str, timeout: float) -> str | None:
     return None
 
 
-def _check_tracking_from_nodes() -> None:
+def check_tracking_from_nodes() -> None:
     """Right after Ray starts: a store on this machine's disk (the embedded default) serves this notebook
     and the run log, which lives on the head node (no worker writes to MLflow): fine where this notebook
     runs on the head node. Fail, naming `MLFLOW_TRACKING_URI`, where it does not."""

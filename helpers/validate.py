@@ -56,7 +56,7 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     return value
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
     """True when the Hugging Face libraries are told to stay offline (`HF_HUB_OFFLINE=1` and friends)."""
     return any(os.environ.get(v, "0") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
@@ -69,7 +69,7 @@ def check_source_available(name: str, value: str, kind: str) -> str:
     """
     if Path(value).expanduser().is_dir():
         return value
-    if not _hub_offline():
+    if not hub_offline():
         return value  # online: the Hub answers for itself when the notebook loads it
     from huggingface_hub import constants
 

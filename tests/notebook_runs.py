@@ -323,7 +323,7 @@ class NodeLoss:
 
         records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
         nodes = [
-            psutil.Process(r["pid"]) for r in records if r["name"].startswith("ray-") and cluster._running(r)
+            psutil.Process(r["pid"]) for r in records if r["name"].startswith("ray-") and cluster.running(r)
         ]
 
         def train_workers() -> set[int]:  # the worker processes, not processes they forked (same title)
@@ -354,13 +354,13 @@ class NodeLoss:
 
         records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
         head = next(r for r in records if r["name"] == "ray-head")
-        node = [r for r in records if r["name"].startswith("ray-node-") and cluster._running(r)][-1]
+        node = [r for r in records if r["name"].startswith("ray-node-") and cluster.running(r)][-1]
         root = psutil.Process(node["pid"])
         doomed = [root, *root.children(recursive=True)]  # its raylet (with the object store), agents, workers
         assert cluster.kill_node(CLUSTER_DIR) == node["name"]
         alive = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"processes of {node['name']} still running: {alive}"
-        assert cluster._running(head), "the head node was touched"
+        assert cluster.running(head), "the head node was touched"
 
     def _s3_client(self):
         import boto3
@@ -552,7 +552,7 @@ def job_logs(job_id: str, cluster: Mapping[str, str]) -> str:
 # at least twice the longest time measured in a fresh clone's `make test` (docs/testing.md, "Time budgets"):
 # GPT-2 66-84 s, Dolly 78-93 s, GLUE through JupyterLab 57-78 s, Llama through JupyterLab 142 s
 # (JUPYTERLAB_NOTEBOOKS=all only), on a CPU with bf16 instructions. A 2-core AVX2 machine (2026-11-28)
-# is slower at everything, bf16 products aside (helpers.cpu_bf16): `make run` there took GPT-2 168 s,
+# is slower at everything, bf16 products aside (harness.cpu_bf16): `make run` there took GPT-2 168 s,
 # Dolly 136 s, GLUE 129 s, Llama 128 s, LoRA 152 s; its fresh-clone `make test` with the held-out
 # evaluations (f789ed2): the GPT-2 and Dolly nbval fixtures 197 s and 184 s.
 SMOKE_BUDGET_S = {

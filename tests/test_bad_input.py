@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from notebook_runs import ARTIFACTS, CANARY_STORAGE_SECRET, execute
 
-import helpers
+import harness.fixtures
+import harness.tiny_models
 
 
 def _tiny_gpt2():
-    return helpers.tiny_models.tiny_model("gpt2")
+    return harness.tiny_models.tiny_model("gpt2")
 
 
 def _batch_size_cases(a_parameter: str) -> dict:
@@ -109,7 +110,7 @@ CASES = {
             "CLUSTER": {"g5.12xlarge": 4},  # the plan passes; the Ray cluster here has no GPU
             "MODEL_NAME": _tiny_gpt2,
             "MAX_SEQ_LEN": 64,
-            "DATASET_NAME": helpers.fixtures.ag_news_fixture,
+            "DATASET_NAME": harness.fixtures.ag_news_fixture,
         },
         "ResourceRequestError",
         ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "SMOKE_TEST"],
@@ -134,7 +135,7 @@ GLUE_CASES = {
         ["MODEL_NAME='no-such-org/no-such-bert'", "offline"],
     ),
     "hub_data_offline": (
-        {"MODEL_NAME": lambda: helpers.tiny_models.tiny_model("distilbert"), "USE_GPU": False},
+        {"MODEL_NAME": lambda: harness.tiny_models.tiny_model("distilbert"), "USE_GPU": False},
         "ParameterError",
         ["GLUE_PATH='hf://datasets/nyu-mll/glue'", "offline"],
     ),
@@ -142,7 +143,7 @@ GLUE_CASES = {
 
 
 def _tiny_neox():
-    return helpers.tiny_models.tiny_model("gpt_neox")
+    return harness.tiny_models.tiny_model("gpt_neox")
 
 
 # Explicit CPU settings, so that each case fails on the one parameter it names.
@@ -359,7 +360,7 @@ def test_dolly_rejects(case, rejections):
 
 
 def _tiny_llama():
-    return helpers.tiny_models.tiny_model("llama")
+    return harness.tiny_models.tiny_model("llama")
 
 
 _LLAMA_CPU = {"MODEL_NAME": _tiny_llama, "USE_GPU": False, "USE_FLASH_ATTN": False}

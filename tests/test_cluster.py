@@ -65,7 +65,8 @@ def test_two_nodes_and_a_client_without_the_token_is_refused(tmp_path, ray_clust
 
 
 def test_workers_get_the_shipped_helpers_and_the_drivers_hub_settings(ray_cluster):
-    """On each node, a worker imports `helpers` from the copy uploaded with the job, and sees HF_*."""
+    """On each node, a worker imports `helpers` and `harness` from the copies uploaded with the job, and sees
+    HF_*."""
     hub = {"HF_TOKEN": "hf_test_token", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": "/tmp/hf-home-test"}
     code = """
 import json, ray, helpers
@@ -74,8 +75,9 @@ helpers.cluster.start_ray()
 
 @ray.remote(num_cpus=0)
 def probe():
-    import os, helpers
+    import os, helpers, harness
     return {"node": ray.get_runtime_context().get_node_id(), "helpers": helpers.__file__,
+            "harness": harness.__file__,
             "env": {k: os.environ.get(k) for k in ("HF_TOKEN", "HF_ENDPOINT", "HF_HOME")},
             "shell": os.environ.get("GITHUB_TOKEN")}
 
@@ -96,12 +98,12 @@ print(json.dumps({k: any(os.environ[v].encode() in job for job in jobs) for k, v
     assert proc.returncode == 0, proc.stderr[-3000:]
     workers = json.loads(proc.stdout.strip().splitlines()[-2])
     assert len({w["node"] for w in workers}) == 2
-    editable = str(ROOT / "helpers")
     for worker in workers:
         assert worker["env"] == hub, worker
         assert worker["shell"] is None, worker  # the driver's shell credential (a canary) stays there
         # The job's copy (runtime_resources/py_modules_files/...), not the project's editable install.
-        assert "py_modules_files" in worker["helpers"] and not worker["helpers"].startswith(editable), worker
+        for package in ("helpers", "harness"):
+            assert "py_modules_files" in worker[package] and not worker[package].startswith(str(ROOT)), worker
     assert os.environ.get("HF_TOKEN") != "hf_test_token"
     # Every worker had the token, and yet it is in no file of either node (Ray logs a job's runtime
     # environment, env_vars included, in runtime_env_agent.log) and not in the job table that the

@@ -1,4 +1,4 @@
-"""helpers.smoke.smoke_overrides, helpers.failures.RunLog and the storage checks, without a cluster."""
+"""helpers.smoke.smoke_overrides, harness.run_log.RunLog and the storage checks, without a cluster."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers.failures import RunLog, check_kill_step
+from harness.run_log import RunLog, check_kill_step
 
 
 def test_smoke_mode_replaces_defaults_and_keeps_what_was_passed(capsys):
@@ -108,7 +108,7 @@ def test_run_log_summarises_a_kill_and_its_replay():
 
 
 def test_run_log_prints_a_line_per_interval_and_the_restart():
-    # What the training cell shows (helpers.failures.show_progress prints these lines from the driver).
+    # What the training cell shows (harness.run_log.show_progress prints these lines from the driver).
     log = RunLog(total_steps=10, print_every=4)
     log.start_attempt(0)
     for step in range(1, 7):
@@ -160,7 +160,7 @@ def test_run_log_keeps_each_attempts_world_size_and_says_when_it_changes():
 def test_show_progress_prints_every_line_once_in_order(capsys):
     import ray
 
-    from helpers.failures import show_progress
+    from harness.run_log import show_progress
 
     class Remote:  # the actor's handle, as show_progress uses it: method.remote(...) -> ray.get(...)
         def __init__(self, log):
@@ -329,12 +329,12 @@ def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeyp
     with pytest.raises(
         helpers.ParameterError, match=r"STORAGE_PATH=.*1 of 2 Ray nodes do not see .*10.0.0.2"
     ):
-        cluster._check_storage_from_nodes("STORAGE_PATH", str(tmp_path / "runs"))
+        cluster.check_storage_from_nodes("STORAGE_PATH", str(tmp_path / "runs"))
     assert seen["here"] is True and list((tmp_path / "runs").iterdir()) == []  # the marker is gone
     monkeypatch.setattr(
         cluster, "_on_every_node", lambda check, *args, **kw: {"a": check(*args), "b": check(*args)}
     )
-    assert cluster._check_storage_from_nodes("STORAGE_PATH", f"file://{tmp_path / 'runs'}") == 2
+    assert cluster.check_storage_from_nodes("STORAGE_PATH", f"file://{tmp_path / 'runs'}") == 2
 
 
 def test_a_cluster_whose_gpus_are_smaller_than_the_plans_is_refused(monkeypatch):
@@ -364,13 +364,13 @@ def test_measuring_a_resume_lists_the_bucket_with_a_deadline(monkeypatch):
     class Reader:
         bytes_read = 123
 
-    monkeypatch.setattr(storage, "_LAST_FETCH", [])  # nothing fetched in this process (other tests share it)
+    monkeypatch.setattr(storage, "LAST_FETCH", [])  # nothing fetched in this process (other tests share it)
     monkeypatch.setattr(storage, "LIST_S", 0.2)
     monkeypatch.setattr(storage, "_file_sizes", lambda fs, path: release.wait(30) and {})
-    storage._LAST_READ[:] = [Reader(), None, "bucket/checkpoint_000004/sharded"]
+    storage.LAST_READ[:] = [Reader(), None, "bucket/checkpoint_000004/sharded"]
     start = time.monotonic()
     try:
-        assert storage._take_last_fetch() == (123, None)
+        assert storage.take_last_fetch() == (123, None)
     finally:
         release.set()
     assert time.monotonic() - start < 5

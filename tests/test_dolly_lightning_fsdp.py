@@ -22,7 +22,7 @@ import helpers.storage
 NAME = "dolly_lightning_fsdp"
 # The pinned first losses (how measured, tolerance): tests/assets/losses/dolly_lightning_fsdp.txt
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
-# The play-script fixture's training lines (helpers.fixtures.play_script_fixture(), after the notebook's split_text).
+# The play-script fixture's training lines (harness.fixtures.play_script_fixture(), after the notebook's split_text).
 FIXTURE_LINES = 610
 # Its validation lines that are not training lines too: the held-out lines (53 lines, 12 also in training).
 FIXTURE_HELD_OUT_LINES = 41

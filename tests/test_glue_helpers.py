@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import harness.fixtures
 import helpers
 
 # ---- the metric: same names and values as evaluate's "glue" module ---------------------------
@@ -83,16 +84,16 @@ def _split(task: str, split: str):
     import pyarrow.parquet as pq
     from datasets import Features
 
-    table = pq.read_table(f"{helpers.fixtures.glue_fixture()}/{task}/{split}-00000-of-00001.parquet")
+    table = pq.read_table(f"{harness.fixtures.glue_fixture()}/{task}/{split}-00000-of-00001.parquet")
     return table, Features.from_arrow_schema(table.schema)
 
 
 def test_glue_fixture_has_every_task_with_real_columns_labels_and_splits():
     from pathlib import Path
 
-    root = Path(helpers.fixtures.glue_fixture())
-    assert sorted(p.name for p in root.iterdir()) == sorted(helpers.fixtures.GLUE_SCHEMAS)
-    for task, (columns, names) in helpers.fixtures.GLUE_SCHEMAS.items():
+    root = Path(harness.fixtures.glue_fixture())
+    assert sorted(p.name for p in root.iterdir()) == sorted(harness.fixtures.GLUE_SCHEMAS)
+    for task, (columns, names) in harness.fixtures.GLUE_SCHEMAS.items():
         splits = sorted(p.name.split("-")[0] for p in (root / task).glob("*.parquet"))
         if task == "mnli":
             assert splits == sorted(

@@ -30,7 +30,7 @@ from helpers.glue import GLUE_TASKS
 
 NAME = "glue_text_classification"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.
-FIXTURE_TRAIN_ROWS = 512  # each task's training rows in helpers.fixtures.glue_fixture()
+FIXTURE_TRAIN_ROWS = 512  # each task's training rows in harness.fixtures.glue_fixture()
 FIXTURE_VALIDATION_ROWS = 127  # each validation split's rows there: a prime, so no worker count divides it
 SESSION_START = time.time()  # before any run of this session
 

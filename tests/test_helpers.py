@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import harness.fixtures
+import harness.tiny_models
 import helpers
 from helpers import cluster
 
@@ -23,12 +25,12 @@ SAMPLES = {
 }
 
 
-@pytest.mark.parametrize("arch", sorted(helpers.tiny_models.TINY_ARCHS))
+@pytest.mark.parametrize("arch", sorted(harness.tiny_models.TINY_ARCHS))
 def test_tiny_model_loads_like_a_hub_id(arch):
     from transformers import AutoConfig, AutoTokenizer
 
-    path = helpers.tiny_models.tiny_model(arch)
-    assert helpers.tiny_models.tiny_model(arch) == path  # cached, built once
+    path = harness.tiny_models.tiny_model(arch)
+    assert harness.tiny_models.tiny_model(arch) == path  # cached, built once
     config = AutoConfig.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert config.vocab_size == len(tokenizer)
@@ -42,7 +44,7 @@ def test_tiny_model_loads_like_a_hub_id(arch):
 def test_causal_tokenizers_round_trip_without_unknowns(arch):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_models.tiny_model(arch))
+    tokenizer = AutoTokenizer.from_pretrained(harness.tiny_models.tiny_model(arch))
     ids = tokenizer(SAMPLES[arch])["input_ids"]
     assert tokenizer.unk_token_id not in ids or tokenizer.unk_token == tokenizer.eos_token
     assert tokenizer.decode(ids) == SAMPLES[arch]
@@ -53,7 +55,7 @@ def test_distilbert_tokenizer_adds_cls_sep_and_knows_the_words():
     # The trap in ../shared/FINDINGS.md: a reloaded vocabulary that maps every word to [UNK].
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_models.tiny_model("distilbert"))
+    tokenizer = AutoTokenizer.from_pretrained(harness.tiny_models.tiny_model("distilbert"))
     tokens = tokenizer.convert_ids_to_tokens(tokenizer(SAMPLES["distilbert"])["input_ids"])
     assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
     assert "[UNK]" not in tokens
@@ -66,7 +68,7 @@ def test_tiny_gpt2_is_a_real_gpt2_and_starts_near_uniform():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = helpers.tiny_models.tiny_model("gpt2")
+    path = harness.tiny_models.tiny_model("gpt2")
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert type(model).__name__ == "GPT2LMHeadModel"
@@ -82,7 +84,7 @@ def test_tiny_gpt2_is_a_real_gpt2_and_starts_near_uniform():
 def test_ag_news_fixture_has_real_columns_and_labels():
     from datasets import load_dataset
 
-    ds = load_dataset(helpers.fixtures.ag_news_fixture())
+    ds = load_dataset(harness.fixtures.ag_news_fixture())
     assert set(ds) == {"train", "test"}
     assert ds["train"].column_names == ["text", "label"]
     assert ds["train"].features["label"].names == ["World", "Sports", "Business", "Sci/Tech"]
@@ -95,7 +97,7 @@ def test_ag_news_fixture_has_real_columns_and_labels():
 def test_play_script_and_chat_fixtures():
     from datasets import load_dataset
 
-    play = load_dataset(helpers.fixtures.play_script_fixture())
+    play = load_dataset(harness.fixtures.play_script_fixture())
     assert set(play) == {"train", "validation", "test"} and play["train"].num_rows == 1
     # The Dolly notebook holds out the validation split's lines that are not training lines: 41 of 53.
     spoken = {
@@ -108,7 +110,7 @@ def test_play_script_and_chat_fixtures():
     assert len(validation) == 53 and len([line for line in validation if line not in train_lines]) == 41
     text = play["train"][0]["text"]
     assert text.splitlines()[0].endswith(":") and "\n\n" in text
-    chat = load_dataset(helpers.fixtures.chat_fixture())
+    chat = load_dataset(harness.fixtures.chat_fixture())
     row = chat["train"][0]["content"]
     assert row.startswith("<|system|>") and "<|prompter|>" in row and "<|assistant|>" in row
     # The Llama notebooks' held-out rows (the test split) are none of the training rows.
@@ -143,7 +145,7 @@ def test_play_script_and_chat_fixtures():
         ),
         (
             lambda: helpers.validate.check_max_positions(
-                "MAX_SEQ_LEN", 129, helpers.tiny_models.tiny_model("gpt2")
+                "MAX_SEQ_LEN", 129, harness.tiny_models.tiny_model("gpt2")
             ),
             ["MAX_SEQ_LEN=129", "<= 128"],
         ),
@@ -163,11 +165,11 @@ def test_checks_name_the_parameter(call, words):
 def test_checks_accept_good_values():
     assert helpers.validate.check_int("NUM_WORKERS", 2, minimum=1) == 2
     assert (
-        helpers.validate.check_max_positions("MAX_SEQ_LEN", 128, helpers.tiny_models.tiny_model("gpt2"))
+        helpers.validate.check_max_positions("MAX_SEQ_LEN", 128, harness.tiny_models.tiny_model("gpt2"))
         == 128
     )
     assert helpers.validate.check_source_available(
-        "DATASET_NAME", helpers.fixtures.ag_news_fixture(), "dataset"
+        "DATASET_NAME", harness.fixtures.ag_news_fixture(), "dataset"
     )
 
 
@@ -354,10 +356,10 @@ def test_cpus_per_worker_must_fit_the_nodes_of_the_cluster():
     with pytest.raises(
         helpers.ParameterError, match=r"CPUS_PER_WORKER=13: a p4de.24xlarge has 96 vCPUs .* 12 each"
     ):
-        helpers.checks._check_cpus_per_worker(p)
-    helpers.checks._check_cpus_per_worker({**p, "CPUS_PER_WORKER": 10})
+        helpers.checks.check_cpus_per_worker(p)
+    helpers.checks.check_cpus_per_worker({**p, "CPUS_PER_WORKER": 10})
     with pytest.raises(helpers.ParameterError, match="CPUS_PER_WORKER=0"):
-        helpers.checks._check_cpus_per_worker({**p, "CPUS_PER_WORKER": 0})
+        helpers.checks.check_cpus_per_worker({**p, "CPUS_PER_WORKER": 0})
 
 
 def test_redact_masks_a_uris_credentials_and_keeps_the_bucket():
@@ -422,7 +424,7 @@ def test_an_l40s_is_not_read_as_an_l4(monkeypatch, device_name, expected):
 
 CPU_BF16_CHECK = """
 import torch
-from helpers import cpu_bf16
+from harness import cpu_bf16
 
 torch.manual_seed(0)
 bf16 = torch.bfloat16

@@ -1,35 +1,64 @@
-"""`helpers` is layered: no module imports, at its top or inside a function, one that imports it back."""
+"""`helpers` and `harness` are layered: no module imports, at its top or inside a function, one that imports
+it back; and no module imports another's private (underscore) names."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("helpers", "harness")
 
 
-def import_graph(package: Path = HELPERS) -> dict[str, set[str]]:
-    """{module: the package's modules it imports}, from every import statement in it (relative or
-    `helpers.x`, at module level or in a function), read from the source without importing it."""
-    modules = {p.stem for p in package.glob("*.py")} | {
-        p.name for p in package.iterdir() if (p / "__init__.py").exists()
-    }
+def _module_name(path: Path, root: Path) -> str:
+    """`helpers.storage` for helpers/storage.py, `harness.notebooks` for harness/notebooks/__init__.py."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, root: Path):
+    """(module imported, names imported from it) for each import statement of `path`, relative ones made
+    absolute."""
+    package = path.relative_to(root).parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            for alias in node.names:  # `from . import x` names a module or a name of the package
+                yield module, alias.name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None
+
+
+def import_graph(root: Path = ROOT, packages=PACKAGES) -> dict[str, set[str]]:
+    """{module: the packages' modules it imports}, from every import statement in them (relative or
+    absolute, at module level or in a function), read from the source without importing it. A package's
+    front door (`helpers/__init__.py`) imports everything and nothing imports it back: it is left out."""
+    paths = [p for package in packages for p in (root / package).rglob("*.py")]
+    modules = {_module_name(p, root) for p in paths} - set(packages)
     graph: dict[str, set[str]] = {}
-    for path in package.glob("*.py"):
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                if node.level == 1 and node.module:  # from .x import y
-                    found.add(node.module.split(".")[0])
-                elif node.level == 1:  # from . import x, y
-                    found.update(a.name for a in node.names)
-                elif node.level == 0 and (node.module or "").startswith("helpers."):
-                    found.add(node.module.split(".")[1])
-            elif isinstance(node, ast.Import):
-                found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("helpers."))
-        graph[path.stem] = (found & modules) - {path.stem}
-    graph.pop("__init__", None)  # the package's front door imports everything; nothing imports it back
-    return {name: deps - {"__init__"} for name, deps in graph.items()}
+    for path in paths:
+        name = _module_name(path, root)
+        if name in packages:
+            continue
+        found = set()
+        for module, imported in _imports(path, root):
+            found.add(f"{module}.{imported}" if f"{module}.{imported}" in modules else module)
+        graph[name] = (found & modules) - {name}
+    return graph
+
+
+def private_imports(root: Path = ROOT, packages=PACKAGES) -> list[str]:
+    """`path: module.name` for each underscore name one module imports from another of the packages."""
+    found = []
+    for folder in (*packages, "tests", "ci", "docs"):
+        for path in (root / folder).rglob("*.py"):
+            for module, imported in _imports(path, root):
+                if module.split(".")[0] in packages and imported and imported.startswith("_"):
+                    if not imported.startswith("__"):
+                        found.append(f"{path.relative_to(root)}: {module}.{imported}")
+    return found
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -52,8 +81,19 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_helpers_has_no_import_cycle():
-    assert cycles(import_graph()) == []
+def test_helpers_and_harness_have_no_import_cycle():
+    graph = import_graph()
+    assert {"helpers.storage", "harness.run_log", "harness.notebooks.llama_fsdp"} <= set(graph)
+    assert "helpers.tracking" in graph["harness.run_log"]  # the graph crosses the packages
+    assert cycles(graph) == []
+
+
+def test_no_module_imports_another_ones_private_names(tmp_path):
+    assert private_imports() == []
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "low.py").write_text("def _f():\n    pass\n")
+    (tmp_path / "helpers" / "high.py").write_text("from .low import _f\n")
+    assert private_imports(tmp_path, ("helpers",)) == ["helpers/high.py: helpers.low._f"]
 
 
 def test_the_check_sees_a_cycle():
@@ -64,15 +104,19 @@ def test_the_check_sees_a_cycle():
 
 
 def test_the_graph_reads_imports_inside_functions(tmp_path):
-    (tmp_path / "low.py").write_text("def f():\n    from .high import g\n")
-    (tmp_path / "high.py").write_text("from .low import f\nimport helpers.low\n")
-    assert import_graph(tmp_path) == {"low": {"high"}, "high": {"low"}}
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "low.py").write_text("def f():\n    from .high import g\n")
+    (tmp_path / "helpers" / "high.py").write_text("from .low import f\nimport helpers.low\n")
+    assert import_graph(tmp_path, ("helpers",)) == {
+        "helpers.low": {"helpers.high"},
+        "helpers.high": {"helpers.low"},
+    }
 
 
-def test_no_helpers_function_is_over_80_lines():
-    """`helpers` stays thin: no function (or method) longer than 80 lines, its docstring left out."""
+def test_no_function_is_over_80_lines():
+    """No function (or method) of `helpers` or `harness` longer than 80 lines, its docstring left out."""
     long = []
-    for path in HELPERS.glob("*.py"):
+    for path in [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["helpers", "tests", "ci", "notebooks", "docs/conf.py"]
+PATHS = ["helpers", "harness", "tests", "ci", "notebooks", "docs/conf.py"]
 BIN = Path(sys.executable).parent
 
 

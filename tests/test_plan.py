@@ -346,16 +346,16 @@ def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_
     # It fits on 16. On 16 to 23 workers the global batch of 24 sequences takes 2 micro-steps of one
     # sequence per worker, padded with weight-0 sequences: 32 to 46 sequences' compute for 24.
     with pytest.warns(UserWarning, match=r"up to 1\.92x the compute .* \(on 23 workers; on 16: 1\.33x\)"):
-        helpers.checks._check_min_workers("llama_fsdp", {**elastic, "SAVE_STEPS": 38})
+        helpers.checks.check_min_workers("llama_fsdp", {**elastic, "SAVE_STEPS": 38})
     with pytest.warns(
         UserWarning,
         match=r"SAVE_STEPS=250 with MIN_WORKERS=16: .* 6\.7 h of 24 GPUs .*SAVE_STEPS=38 or fewer",
     ):
-        helpers.checks._check_elastic_save_interval(elastic)
+        helpers.checks.check_elastic_save_interval(elastic)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        helpers.checks._check_elastic_save_interval({**elastic, "SAVE_STEPS": 38})  # the bound it names
-        helpers.checks._check_elastic_save_interval({**elastic, "USE_GPU": False})  # CPU: no estimate
+        helpers.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 38})  # the bound it names
+        helpers.checks.check_elastic_save_interval({**elastic, "USE_GPU": False})  # CPU: no estimate
 
 
 def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fit(capsys):
@@ -469,7 +469,7 @@ def test_a_checkpoint_moves_in_streams_and_ends_within_the_collective_timeout(tm
     # A rank writes STREAMS files at once and reads STREAMS ranges at once (70B: 52 GB a rank, 17 min
     # at 50 MB/s one file after another).
     running, most, lock = [0], [0], threading.Lock()
-    real = storage._with_deadline
+    real = storage.with_deadline
 
     def counted(*args, **kwargs):
         with lock:
@@ -482,7 +482,7 @@ def test_a_checkpoint_moves_in_streams_and_ends_within_the_collective_timeout(tm
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(storage, "_with_deadline", counted)
+    monkeypatch.setattr(storage, "with_deadline", counted)
     fs, path = pafs.LocalFileSystem(), f"{tmp_path}/ck"
     state = {f"w{i}": torch.randn(256, 256) for i in range(8)}  # 256 KiB each: 8 files of one tensor
     dcp.save(state, storage_writer=storage.dcp_writer(fs, path, file_bytes=300_000))

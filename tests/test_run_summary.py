@@ -360,7 +360,7 @@ def test_progress_reads_each_trainers_lines():
         f"{W}Restored all states from the checkpoint at /tmp/checkpoint_tmp_27d7/checkpoint.ckpt\n",
         "Finished deepspeed_sample_d7ddce77: loss 4.6844, checkpoint llm-notebooks/runs/deepspeed_sample\n",
         "Killed at step 18; 1 restart, resumed from step 12\n",
-        # the run log's lines, which the notebooks print themselves (helpers.failures.show_progress)
+        # the run log's lines, which the notebooks print themselves (harness.run_log.show_progress)
         "rank 1 kills its own process (SIGKILL) at step 44: the worker group fails\n",
         "Ray Train started a new worker group (attempt 2); it resumes from the checkpoint at step 32\n",
         "evaluated at step 48: matthews_correlation 1.000\n",

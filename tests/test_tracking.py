@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import helpers
+from harness.run_log import RunLog
 from helpers import tracking
-from helpers.failures import RunLog
 from helpers.validate import ParameterError
 
 

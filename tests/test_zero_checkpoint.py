@@ -18,7 +18,7 @@ import pytest
 from zero_rank import zero_checkpoint_rank
 
 import helpers
-from helpers.failures import RunLog
+from harness.run_log import RunLog
 from helpers.zero_checkpoint import zero_checkpoint_world_size
 
 # Spawned ranks saving or loading the tiny model's checkpoint: 4-8 s each measured, DeepSpeed's ops built first

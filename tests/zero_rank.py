@@ -20,12 +20,13 @@ def zero_rank(rank: int, world_size: int, port: int, settings: list, results) ->
     import torch
     from transformers import AutoModelForCausalLM
 
+    import harness.tiny_models
     import helpers.sharding
 
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
     for stage, offload in settings:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(helpers.tiny_models.tiny_model("gpt2"))
+        model = AutoModelForCausalLM.from_pretrained(harness.tiny_models.tiny_model("gpt2"))
         config = {
             "train_micro_batch_size_per_gpu": 2,
             "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True},
@@ -80,13 +81,14 @@ def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder:
     import torch
     from transformers import AutoModelForCausalLM
 
+    import harness.tiny_models
     import helpers
 
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
 
     def engine(**extra):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(helpers.tiny_models.tiny_model("gpt2"))
+        model = AutoModelForCausalLM.from_pretrained(harness.tiny_models.tiny_model("gpt2"))
         config = {
             "train_micro_batch_size_per_gpu": 2,
             "zero_optimization": {"stage": 3},

@@ -56,10 +56,10 @@ def build_model(folder: Path, sizes: dict, cuda: bool) -> int:
     from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
     from transformers.utils import logging
 
-    import helpers
+    import harness.tiny_models
 
     logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(helpers.tiny_models.tiny_model("gpt_neox"))
+    tokenizer = AutoTokenizer.from_pretrained(harness.tiny_models.tiny_model("gpt_neox"))
     config = GPTNeoXConfig(vocab_size=50280, max_position_embeddings=2048, rotary_pct=0.25, **sizes)
     config.bos_token_id = config.eos_token_id = tokenizer.eos_token_id
     torch.manual_seed(0)

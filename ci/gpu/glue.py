@@ -38,10 +38,10 @@ def build_model(folder: Path, sizes: dict) -> int:
     import torch
     import transformers
 
-    import helpers
+    import harness.tiny_models
 
     transformers.utils.logging.disable_progress_bar()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(helpers.tiny_models.tiny_model("distilbert"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(harness.tiny_models.tiny_model("distilbert"))
     config = transformers.DistilBertConfig(pad_token_id=tokenizer.pad_token_id, **sizes)
     torch.manual_seed(0)  # a masked-LM checkpoint, like the Hub's: the notebook adds a fresh 2-label head
     model = transformers.DistilBertForMaskedLM(config)
@@ -127,6 +127,8 @@ def main() -> None:
     import torch
     import transformers
 
+    import harness.fixtures
+    import harness.run_log
     import helpers
 
     cuda, work = torch.cuda.is_available(), Path(tempfile.mkdtemp(prefix="glue-gpu-"))
@@ -136,7 +138,7 @@ def main() -> None:
 
     num_params = build_model(work / "model", SMOKE if args.smoke else {})
     p = {**parameter_defaults(NOTEBOOK), "USE_GPU": cuda, "MODEL_NAME": str(work / "model")}
-    p.update(GLUE_PATH=helpers.fixtures.glue_fixture(), glue_task=helpers.GLUE_TASKS[p["TASK"]])
+    p.update(GLUE_PATH=harness.fixtures.glue_fixture(), glue_task=helpers.GLUE_TASKS[p["TASK"]])
     lesson = lesson_namespace(NOTEBOOK, p)  # make_training_args, make_compute_metrics, train_func
     lesson_cells(lesson, NOTEBOOK, ("read_split", "TokenizeCollateFn"), skip=("ray_datasets",))
     lesson.update(AutoTokenizer=transformers.AutoTokenizer, os=os)  # train_func has them from other cells
@@ -146,9 +148,7 @@ def main() -> None:
     steps, batch, cpus = (6, 8, 1) if args.smoke else (20, p["BATCH_SIZE_PER_WORKER"], p["CPUS_PER_WORKER"])
     result_file = str(work / "result.json")
     lesson["prepare_trainer"] = timed(lesson["prepare_trainer"], result_file, batch)
-    watch = helpers.observe.Watch(
-        helpers.failures.run_log(steps, max(1, steps // 4), 0, None), None, 0, steps
-    )
+    watch = helpers.observe.Watch(harness.run_log.run_log(steps, max(1, steps // 4), 0, None), None, 0, steps)
     config = {"glue_task": p["glue_task"], "model_name": p["MODEL_NAME"], "batch_size_per_worker": batch}
     config.update(max_steps_per_epoch=steps, num_epochs=1, learning_rate=p["LEARNING_RATE"], seed=42)
     config.update(weight_decay=p["WEIGHT_DECAY"], use_gpu=cuda, watch=watch)

@@ -94,9 +94,9 @@ def train(config: dict) -> dict:
     packed = torch.randint(0, 32000, (rows, config["seq_len"]), dtype=torch.int32, generator=generator)
     frozen = None
     if config["lora_rank"]:  # the notebook's last-step check that the base stayed frozen, under NCCL
-        from helpers.fsdp import _frozen_fingerprint
+        from helpers.fsdp import frozen_fingerprint
 
-        frozen = _frozen_fingerprint(model)
+        frozen = frozen_fingerprint(model)
     model.train()
     seconds, losses, first_step_at = [], [], None
     for step in range(config["max_steps"]):

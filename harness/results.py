@@ -42,9 +42,9 @@ def elapsed() -> float:
 
 
 def _is_folder(path: str) -> bool:
-    from .storage import _is_uri
+    from helpers.storage import is_uri
 
-    if not _is_uri(path):
+    if not is_uri(path):
         return Path(path).is_dir()
     import pyarrow.fs as pafs
 
@@ -54,7 +54,7 @@ def _is_folder(path: str) -> bool:
 
 def save_results(path: str, namespace: dict) -> dict:
     """A notebook's last line: its run's numbers, read from its globals (`namespace`) by its module in
-    `helpers.notebooks`, written as JSON to `path` (nothing when it is empty) and into its MLflow run;
+    `harness.notebooks`, written as JSON to `path` (nothing when it is empty) and into its MLflow run;
     returns them. A "going further" section that trained a run of its own (a worker killed; Llama's node
     lost) is the results' `worker_dies` (`elastic`), its MLflow run ended with its own numbers."""
     from .notebooks import collect
@@ -97,7 +97,7 @@ def write_results(path: str, **results) -> dict | None:
 def _end_mlflow_run(results: dict, path: str) -> dict:
     """`results` with `mlflow` (where the run is) once its MLflow run is ended with them; as they were, with
     one line printed, where the tracking server does not answer in time."""
-    from .tracking import best_effort, finish_run
+    from helpers.tracking import best_effort, finish_run
 
     where = best_effort(
         lambda: finish_run(results["mlflow_run_id"], results),

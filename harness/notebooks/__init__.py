@@ -13,7 +13,7 @@ __all__ = ["collect", "section_run", "held_out_results"]
 
 def collect(notebook: str, ns: dict) -> dict:
     """`notebook`'s results from its globals: the keys every notebook promises, then its own."""
-    from ..smoke import parameter_values
+    from helpers.smoke import parameter_values
 
     module = importlib.import_module(f"{__name__}.{notebook}")
     return {
@@ -42,8 +42,8 @@ def section_run(
     `watch` and `result`: "When a worker dies"'s by default), as results; None where the section did not
     train. Its losses, worker groups, the kill and where it resumed, its checkpoint and MLflow run: the keys
     of a notebook's results, so the same checks read both."""
-    from ..smoke import parameter_values
-    from ..storage import uri
+    from helpers.smoke import parameter_values
+    from helpers.storage import uri
 
     if watch not in ns or result not in ns:
         return None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cache import _build_once
+from .cache import build_once
 from .fixtures import GLUE_SCHEMAS, ag_news_fixture, chat_fixture, glue_fixture, play_script_fixture
 
 __all__ = ["tiny_model", "TINY_ARCHS"]
@@ -165,12 +165,12 @@ def tiny_model(arch: str, **overrides) -> str:
         import transformers
         from transformers.utils import logging as hf_logging
 
-        from .cluster import _quiet_deepspeed_on_cpu
+        from helpers.cluster import quiet_deepspeed_on_cpu
 
         # Built once, in the set-up cell: no "Writing model shards" bar (a widget in a notebook) and no
         # DeepSpeed line about choosing the CPU, which transformers' checkpoint code can trigger here.
         hf_logging.disable_progress_bar()
-        _quiet_deepspeed_on_cpu()
+        quiet_deepspeed_on_cpu()
 
         config_class = getattr(transformers, spec.config_class)
         max_length = next(
@@ -199,4 +199,4 @@ def tiny_model(arch: str, **overrides) -> str:
     # The corpus is in the name: a tokenizer trained on other text is another checkpoint.
     corpus = spec.corpus.__name__.strip("_") + (f"-v{spec.corpus_version}" if spec.corpus_version > 1 else "")
     name = f"models/tiny-{arch}-{corpus}{'-' + tag if tag else ''}"
-    return str(_build_once(name, build))
+    return str(build_once(name, build))

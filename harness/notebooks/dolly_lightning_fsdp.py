@@ -7,7 +7,7 @@ from . import section_run
 
 def results(ns: dict) -> dict:
     """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from ..storage import uri
+    from helpers.storage import uri
 
     watch, result, losses = ns["watch"], ns["result"], ns["losses"]
     ranks = watch.ranks()

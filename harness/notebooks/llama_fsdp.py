@@ -7,7 +7,7 @@ from . import held_out_results, section_run
 
 def results(ns: dict) -> dict:
     """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from ..storage import uri
+    from helpers.storage import uri
 
     watch, ranks, attempts, losses = ns["watch"], ns["ranks"], ns["attempts"], ns["losses"]
     fs, checkpoint_path = ns["fs"], ns["checkpoint_path"]

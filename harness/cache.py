@@ -1,6 +1,6 @@
 """Where smoke mode keeps what it builds locally: tiny models, fixture data, Ray results.
 
-Used by every notebook's "Set up" cell, in smoke mode (through `helpers.tiny_models` and `helpers.fixtures`).
+Used by every notebook's "Set up" cell, in smoke mode (through `harness.tiny_models` and `harness.fixtures`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _lock(target: Path) -> Iterator[None]:
         yield
 
 
-def _build_once(name: str, build: Callable[[Path], None]) -> Path:
+def build_once(name: str, build: Callable[[Path], None]) -> Path:
     """Return `cache_dir()/name`, calling `build(tmp_dir)` first if it does not exist yet.
 
     The folder appears atomically (built in a temporary folder, then renamed), so an

@@ -60,7 +60,7 @@ class RunLog:
         self._tracked_evaluations = 0  # the same, for `track`
         self.evaluations: dict[int, dict] = {}  # step -> an evaluation's numbers (a replay's replace them)
         if mlflow_run_id:
-            from .tracking import BackgroundLogger
+            from helpers.tracking import BackgroundLogger
 
             self._tracker = BackgroundLogger(mlflow_run_id, self.lines.append)
 
@@ -272,7 +272,7 @@ def show_progress(run_log, poll_seconds: float = 0.5) -> Iterator[None]:
 
     def flush() -> None:
         nonlocal printed
-        from .storage import shown
+        from helpers.storage import shown
 
         lines = ray.get(run_log.lines_since.remote(printed))
         for line in lines:
@@ -296,7 +296,7 @@ def show_progress(run_log, poll_seconds: float = 0.5) -> Iterator[None]:
 
 def check_kill_step(name: str, value, num_workers: int, total_steps: int | None = None) -> int:
     """`KILL_WORKER_AT_STEP`: 0 (off) or a step of the run (when `total_steps` is known), with a rank 1 to kill."""
-    from .validate import ParameterError, check_int
+    from helpers.validate import ParameterError, check_int
 
     check_int(name, value, minimum=0)
     if value and num_workers < 2:

@@ -9,7 +9,7 @@ from . import section_run
 
 def results(ns: dict) -> dict:
     """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from ..storage import uri
+    from helpers.storage import uri
 
     watch, eval_log, best = ns["watch"], ns["eval_log"], ns["best_checkpoint"]
     metric = f"eval_{ns['glue_task'].metric}"

@@ -15,8 +15,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .cache import _build_once
-from .glue import GLUE_TASKS
+from helpers.glue import GLUE_TASKS
+
+from .cache import build_once
 
 __all__ = [
     "ag_news_fixture",
@@ -120,7 +121,7 @@ def ag_news_fixture(num_train: int = 2000, num_test: int = 200) -> str:
             ]
             _write_parquet({"text": texts, "label": labels}, tmp / f"{split}.parquet", features)
 
-    return str(_build_once(f"fixtures/ag_news-{num_train}-{num_test}", build))
+    return str(build_once(f"fixtures/ag_news-{num_train}-{num_test}", build))
 
 
 _SPEAKERS = ["FIRST CITIZEN", "MENENIUS", "CORIOLANUS", "VOLUMNIA", "SICINIUS", "BRUTUS"]
@@ -153,7 +154,7 @@ def play_script_fixture(num_speeches: int = 400) -> str:
                 speeches.append(f"{rng.choice(_SPEAKERS)}:\n" + "\n".join(lines))
             _write_parquet({"text": ["\n\n".join(speeches) + "\n"]}, tmp / f"{split}.parquet")
 
-    return str(_build_once(f"fixtures/play_script-{num_speeches}", build))
+    return str(build_once(f"fixtures/play_script-{num_speeches}", build))
 
 
 _QUESTIONS = [
@@ -187,7 +188,7 @@ def chat_fixture(num_train: int = 600, num_test: int = 8) -> str:
                 rows.append(" ".join(turns))
             _write_parquet({"content": rows}, tmp / f"{split}.parquet")
 
-    return str(_build_once(f"fixtures/chat-{num_train}-{num_test}-three-questions", build))
+    return str(build_once(f"fixtures/chat-{num_train}-{num_test}-three-questions", build))
 
 
 # ---- GLUE: every task, in the layout of the Hub's `nyu-mll/glue` parquet files --------------
@@ -307,4 +308,4 @@ def glue_fixture(num_train: int = 512, num_eval: int = 127, num_test: int = 64) 
                 rows = _glue_rows(task, n, rng, genre, labelled)
                 _write_parquet(rows, folder / f"{split}-00000-of-00001.parquet", _glue_features(task))
 
-    return str(_build_once(f"fixtures/glue-{num_train}-{num_eval}-{num_test}", build))
+    return str(build_once(f"fixtures/glue-{num_train}-{num_eval}-{num_test}", build))
