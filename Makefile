@@ -89,9 +89,9 @@ install: $(STAMP)
 RUN_ARGS = $(if $(NOTEBOOK),--notebook "$(NOTEBOOK)")
 run: install
 ifneq ($(filter-out 0 false no,$(CLUSTER)),)
-	$(NETNS) $(BIN)/python ci/run_notebooks.py --cluster $(RUN_ARGS)
+	$(NETNS) $(BIN)/python -m ci.run_notebooks --cluster $(RUN_ARGS)
 else
-	$(BIN)/python ci/run_notebooks.py $(RUN_ARGS)
+	$(BIN)/python -m ci.run_notebooks $(RUN_ARGS)
 endif
 
 # JupyterLab on the notebooks in smoke mode (SMOKE_TEST=1: each notebook's Set up cell swaps in a tiny model
@@ -103,19 +103,19 @@ lab: install
 # Two Ray nodes (token authentication on) and an S3 server with a bucket; writes cluster.env. By hand:
 #   make cluster-up && source cluster.env && papermill notebooks/X.ipynb out.ipynb -p SMOKE_TEST True ...
 cluster-up: install
-	$(BIN)/python ci/local_cluster.py up
+	$(BIN)/python -m ci.local_cluster up
 
 # Stops exactly the processes cluster-up started (never `ray stop`, which stops every Ray on the machine).
 cluster-down:
-	$(BIN)/python ci/local_cluster.py down
+	$(BIN)/python -m ci.local_cluster down
 
 # A node lost as a reclaimed instance is: SIGKILL to the second node's raylet and every process it started.
 cluster-kill-node:
-	$(BIN)/python ci/local_cluster.py kill-node
+	$(BIN)/python -m ci.local_cluster kill-node
 
 # A new second node, joining the same head with the same credentials (after cluster-kill-node).
 cluster-add-node:
-	$(BIN)/python ci/local_cluster.py add-node
+	$(BIN)/python -m ci.local_cluster add-node
 
 # A notebook as a Ray Job (ci/submit_job.py): on the cluster the shell names (RAY_API_SERVER_ADDRESS, with
 # STORAGE_PATH and MLFLOW_TRACKING_URI) at the notebook's full-scale values, or, where the shell names none, on
@@ -131,7 +131,7 @@ job: install
 	  test -f "$(ROOT)/cluster.env" || { echo "No cluster: set RAY_API_SERVER_ADDRESS (and STORAGE_PATH, MLFLOW_TRACKING_URI) for yours, or start the local one (make cluster-up)."; exit 1; }; \
 	  . "$(ROOT)/cluster.env"; \
 	fi; \
-	"$(ROOT)/$(BIN)/python" "$(ROOT)/ci/submit_job.py" --from-environment
+	"$(ROOT)/$(BIN)/python" -m ci.submit_job --from-environment
 
 # A notebook's "will it fit?" plan for its full-scale values, offline, without running it (ci/plan.py):
 # make plan NOTEBOOK=llama_fsdp ARGS="-p NUM_WORKERS 8". Exits 2 where the run would not fit.
@@ -139,12 +139,12 @@ job: install
 plan: export NOTEBOOK := $(NOTEBOOK)
 plan: export ARGS := $(ARGS)
 plan: install
-	@$(BIN)/python ci/plan.py --from-environment
+	@$(BIN)/python -m ci.plan --from-environment
 
 # Storage that stalls: the bucket answers nothing for SECONDS (the S3 server paused, then resumed).
 SECONDS ?= 25
 cluster-pause-storage:
-	$(BIN)/python ci/local_cluster.py pause-storage --seconds $(SECONDS)
+	$(BIN)/python -m ci.local_cluster pause-storage --seconds $(SECONDS)
 
 $(CHROMIUM):
 	@as_root=; \
@@ -188,7 +188,7 @@ lint: install
 
 # Every path is the project's (never the current folder's); refused while a local cluster runs from .venv.
 clean:
-	@if [ -x "$(ROOT)/$(BIN)/python" ]; then "$(ROOT)/$(BIN)/python" "$(ROOT)/ci/local_cluster.py" idle; fi
+	@if [ -x "$(ROOT)/$(BIN)/python" ]; then "$(ROOT)/$(BIN)/python" -m ci.local_cluster idle; fi
 	rm -rf "$(ROOT)/$(VENV)" "$(ROOT)/runs" "$(ROOT)/test-artifacts" "$(ROOT)/.cache" "$(ROOT)/docs/_build"
 
 endif

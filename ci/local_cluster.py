@@ -1,9 +1,9 @@
 """A cluster-shaped Ray on one machine: two Ray nodes and an S3 bucket, on loopback only.
 
-    python ci/local_cluster.py up      # `make cluster-up`: start it, write cluster.env
-    python ci/local_cluster.py down    # `make cluster-down`: stop exactly what `up` started
-    python ci/local_cluster.py status
-    python ci/local_cluster.py kill-node | add-node | pause-storage --seconds 25   # failures, on purpose
+    python -m ci.local_cluster up      # `make cluster-up`: start it, write cluster.env
+    python -m ci.local_cluster down    # `make cluster-down`: stop exactly what `up` started
+    python -m ci.local_cluster status
+    python -m ci.local_cluster kill-node | add-node | pause-storage --seconds 25   # failures, on purpose
 
 What `up` starts, each as a child process whose id it records (in .cluster/state.json):
 
@@ -186,7 +186,6 @@ def node_env(
     """The environment of every Ray node: the caller's kept variables (`kept_env`), token auth, the bucket's
     and the tracking server's credentials (as instance credentials are on a real cluster), quiet Ray.
     `s3_port` None: a Ray without the bucket (`up_ray`)."""
-    sys.path.insert(0, str(ROOT))
     from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
 
     env = kept_env(os.environ if base is None else base)
@@ -296,7 +295,7 @@ def _claim(state_dir: Path, env_file: Path, held_by_caller: bool) -> dict:
                 raise ClusterBusy(
                     f"the local cluster in {state_dir} is in use by {holder}, started "
                     f"{time.strftime('%H:%M:%S', time.localtime(old.get('started', 0)))}. Wait for it to "
-                    f"finish, or stop it: python ci/local_cluster.py down --state {state_dir}"
+                    f"finish, or stop it: python -m ci.local_cluster down --state {state_dir}"
                 )
             down(state_dir, env_file, quiet=True)  # left by a run that is gone: only its own processes
         me = psutil.Process()
@@ -653,7 +652,7 @@ def idle() -> int:
                 pids = ", ".join(str(r["pid"]) for r in alive)
                 print(
                     f"A local cluster is running (processes {pids}, recorded in {state_dir}). Stop it first: "
-                    f"python ci/local_cluster.py down --state {state_dir}",
+                    f"python -m ci.local_cluster down --state {state_dir}",
                     file=sys.stderr,
                 )
     return 1 if running else 0

@@ -1,6 +1,6 @@
 """A notebook's "will it fit?" plan, offline, without running it: `make plan NOTEBOOK=llama_fsdp [ARGS=...]`.
 
-    python ci/plan.py NOTEBOOK [-p NAME VALUE ...]
+    python -m ci.plan NOTEBOOK [-p NAME VALUE ...]
 
 The plan the notebook's Set up cell works out (`helpers.check_parameters`), for the values of its parameters
 cell (the full-scale run) with papermill's `-p NAME VALUE` arguments over them: GPU memory, host RAM and
@@ -78,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[var] = "1"  # nothing here reaches the network
-    sys.path.insert(0, str(ROOT))
     try:
         args = parser.parse_args(argv)
         if args.from_environment:  # as a shell would split ARGS, never run by one
@@ -101,14 +100,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(notebook: str, p: dict) -> int:
+    from harness.notebooks import notebook as notebook_module
     from helpers import ParameterError, checks
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *_: print(f"Warning: {message}\n")
         try:
-            rules, _ = checks.notebook_checks(notebook)
-            rules(p)
+            notebook_module(notebook).check(p)
             checks.check_min_workers(notebook, p)
             plan = checks.plan_for(notebook, p)
             if plan is None:

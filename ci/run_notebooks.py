@@ -37,10 +37,10 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from ci.run_summary import final_number, load_results, write_summaries
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-sys.path.insert(0, str(ROOT / "ci"))
-from run_summary import final_number, load_results, write_summaries  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- progress
 
@@ -395,7 +395,6 @@ def _rel(path: Path) -> str:
 def where_it_runs() -> str:
     """Which cluster and storage the notebooks will use, from this shell's environment (an old
     `source cluster.env` or a workspace's variables count), the credentials in a URI masked."""
-    sys.path.insert(0, str(ROOT))
     from helpers.storage import redact
 
     ray_address = os.environ.get("RAY_ADDRESS")
@@ -479,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.cluster:
-        import local_cluster
+        from ci import local_cluster
 
         state, env_file = ROOT / ".cluster-run", ROOT / ".cluster-run" / "cluster.env"
         start = time.perf_counter()
@@ -504,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_on_one_ray(notebooks: list[Path]) -> int:
     """Run the notebooks on one local Ray, started here and stopped after them, each attaching to it as to
     a cluster: a notebook's own `ray.init` and `ray.shutdown` cost 5-6 s of 2 cores each time."""
-    import local_cluster
+    from ci import local_cluster
 
     state = ROOT / ".ray-run"
     start = time.perf_counter()
@@ -514,7 +513,6 @@ def run_on_one_ray(notebooks: list[Path]) -> int:
         print(f"Not started: {exc}", file=sys.stderr)
         return 1
     print(f"Ray up in {time.perf_counter() - start:.0f} s: one local node, shared by the notebooks")
-    sys.path.insert(0, str(ROOT))
     from helpers.cluster import LOCAL_RAY_ENV
 
     driver = {**LOCAL_RAY_ENV, **driver}  # the drivers' settings for a Ray on this machine, as their own

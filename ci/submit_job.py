@@ -1,6 +1,6 @@
 """Run a notebook as a Ray Job on a cluster: `make job NOTEBOOK=glue_text_classification [ARGS="-p TASK stsb"]`.
 
-    python ci/submit_job.py NOTEBOOK [papermill arguments ...]
+    python -m ci.submit_job NOTEBOOK [papermill arguments ...]
 
 What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermill ...` would):
 
@@ -90,7 +90,7 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
         submission_id=job_id,
         runtime_env={
             "working_dir": str(ROOT),
-            "excludes": _excludes(),
+            "excludes": excludes(),
             "env_vars": job_env(os.environ),
         },
     )
@@ -100,7 +100,7 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
 SHIPPED = ("helpers", "harness", "notebooks")  # what a notebook run needs of the project
 
 
-def _excludes() -> list[str]:
+def excludes() -> list[str]:
     """Ray's `excludes` (gitignore patterns, from the project's root) that leave only SHIPPED's tracked
     files: every other top-level entry, and any file git does not track under SHIPPED (an executed
     `out.ipynb`, a results file)."""
@@ -127,7 +127,6 @@ def _escaped(path: str) -> str:
 
 def job_env(environ) -> dict[str, str]:
     """The job's variables: `PASSED_VARS`, and the Hub and communication settings set in `environ`."""
-    sys.path.insert(0, str(ROOT))
     from helpers.cluster import COMMUNICATION_ENV_PREFIXES, HUB_ENV_VARS
 
     passed = {v: environ[v] for v in (*PASSED_VARS, *HUB_ENV_VARS) if v in environ}
@@ -136,7 +135,6 @@ def job_env(environ) -> dict[str, str]:
 
 def _refuse_credentials(variables: dict[str, str], papermill_args: list[str]) -> None:
     """Exit, naming where, if a value carries credentials (`helpers.storage.redact` would mask it)."""
-    sys.path.insert(0, str(ROOT))
     from helpers.storage import redact
 
     found = [f"{name}={redact(value)!r}" for name, value in variables.items() if redact(value) != value]

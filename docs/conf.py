@@ -25,11 +25,9 @@ import math
 import os
 import pkgutil
 import platform
-import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
-sys.path.insert(0, str(DOCS.parent))  # `helpers`, for autodoc, also where it is not installed
 EXECUTE = os.environ.get("DOCS_EXECUTE", "0").lower() not in ("", "0", "false", "no")
 RUNS = Path(os.environ.get("DOCS_RUNS") or DOCS.parent / "runs")  # `make run` writes runs/<time>/
 
@@ -279,13 +277,20 @@ def _check_and_label_notebook(app, docname: str, source: list[str]) -> None:
         source[0] = nbformat.writes(nb)
 
 
+def _module(path: Path):
+    """The Python file `path` as a module, imported by its path (docs/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"docs_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _generated_tables(app, docname: str, source: list[str]) -> None:
     """Replace each `<!-- table: NAME -->` line of a Markdown page by the table docs/tables.py makes."""
     if "<!-- table: " in source[0]:
-        sys.path.insert(0, str(DOCS))
-        import tables
-
-        source[0] = tables.fill(source[0])
+        source[0] = _module(DOCS / "tables.py").fill(source[0])
 
 
 def _helpers_reference(app, docname: str, source: list[str]) -> None:

@@ -19,14 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _techniques() -> list[tuple[str, str, dict]]:
     """(label, the notebook that teaches it, its plan_training recipe: the notebook's own, from
-    `helpers.checks`), with activation checkpointing on for all, as the page says."""
-    from helpers.checks import plan_dolly, plan_gpt2, plan_llama
+    its module of `harness.notebooks`), with activation checkpointing on for all, as the page says."""
+    from harness.notebooks import dolly_lightning_fsdp, gpt2_deepspeed, llama_fsdp
 
     def zero(stage: int, offload: str = "none") -> dict:
-        return plan_gpt2({"ZERO_STAGE": stage, "OFFLOAD": offload})
+        return gpt2_deepspeed.plan_recipe({"ZERO_STAGE": stage, "OFFLOAD": offload})
 
     def llama(lora_rank: int) -> dict:
-        return plan_llama({"USE_GRADIENT_CHECKPOINTING": True, "LORA_RANK": lora_rank, "LORA_MERGED": False})
+        return llama_fsdp.plan_recipe(
+            {"USE_GRADIENT_CHECKPOINTING": True, "LORA_RANK": lora_rank, "LORA_MERGED": False}
+        )
 
     return [
         ("DDP (every GPU holds everything)", "glue_text_classification", zero(0)),
@@ -37,7 +39,7 @@ def _techniques() -> list[tuple[str, str, dict]]:
         (
             "FSDP (Lightning's FSDPStrategy)",
             "dolly_lightning_fsdp",
-            plan_dolly({"PRECISION": "bf16-mixed", "CPU_OFFLOAD": False}),
+            dolly_lightning_fsdp.plan_recipe({"PRECISION": "bf16-mixed", "CPU_OFFLOAD": False}),
         ),
         ("FSDP2 (`fully_shard`, the Llama recipe)", "llama_fsdp", llama(0)),
         ("LoRA r=16 over FSDP2", "llama_lora", llama(16)),

@@ -12,18 +12,16 @@ Used by the "Set up" cell of every notebook:
   write the checkpoints), every worker can reach the MLflow store (`helpers.tracking`), and, for Llama,
   every node has the weights before the first collective's timeout starts.
 
-The per-notebook rules are here, not in the notebooks, so that the lesson starts on the first screen;
-the parameters cell's comments say what each parameter allows.
+Each notebook's own rules are in its module of `harness.notebooks`, not in the notebook, so that the
+lesson starts on the first screen; the parameters cell's comments say what each parameter allows.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable
 
 from .storage import redact, shown
-from .validate import ParameterError, check_choice, check_int, check_positive
+from .validate import ParameterError, check_int
 
 __all__ = [
     "check_parameters",
@@ -33,52 +31,15 @@ __all__ = [
     "full_scale",
     "cheapest_shapes",
     "POST_MFU",
-    "NOTEBOOKS",
 ]
 
-PLACEMENTS = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
+def _notebook(name: str):
+    """The notebook's module of `harness.notebooks`: its rules, plan recipe and smoke values. Imported when
+    called, as `harness.notebooks` imports `helpers`."""
+    from harness.notebooks import notebook
 
-def _common(p: dict, total_steps: int | None = None) -> None:
-    from harness.run_log import check_kill_step
-
-    from .storage import check_storage_path
-
-    check_int("NUM_WORKERS", p["NUM_WORKERS"], minimum=1)
-    check_int("BATCH_SIZE_PER_WORKER", p["BATCH_SIZE_PER_WORKER"], minimum=1)
-    check_positive("LEARNING_RATE", p["LEARNING_RATE"])
-    check_choice("USE_GPU", p["USE_GPU"], [True, False])
-    check_choice("PLACEMENT_STRATEGY", p["PLACEMENT_STRATEGY"], PLACEMENTS)
-    check_kill_step("KILL_WORKER_AT_STEP", p["KILL_WORKER_AT_STEP"], p["NUM_WORKERS"], total_steps)
-    if "MAX_FAILURES" in p:
-        check_int("MAX_FAILURES", p["MAX_FAILURES"], minimum=-1)
-        if p["MAX_FAILURES"] == 0 and p["KILL_WORKER_AT_STEP"]:
-            raise ParameterError(
-                f"MAX_FAILURES=0 with KILL_WORKER_AT_STEP={p['KILL_WORKER_AT_STEP']}: the planned kill would end "
-                "the run, with no restart to show. Use MAX_FAILURES >= 1 (or -1: no limit), or "
-                "KILL_WORKER_AT_STEP=0."
-            )
-    check_storage_path("STORAGE_PATH", p["STORAGE_PATH"])
-    if "CPUS_PER_WORKER" in p:
-        check_cpus_per_worker(p)
-
-
-# Why a notebook cannot continue on fewer workers after a failure (`MIN_WORKERS` refused), or None where
-# it can: its checkpoint loads at any world size.
-ELASTIC_REFUSED = {
-    "gpt2_deepspeed": "DeepSpeed ZeRO checkpoints hold one partition per rank and load only at the world "
-    "size that wrote them (DeepSpeed's universal checkpoint format, converted offline, would lift that)",
-    # These two checkpoints would load at any world size (DDP's is whole; Dolly's sharded one goes through
-    # DCP); what ties them to NUM_WORKERS is how the data is fed.
-    "glue_text_classification": "its checkpoint would load on any number of workers, but the Trainer's steps "
-    "per epoch are counted for NUM_WORKERS workers (a Ray Data shard has no length), and after a resume the "
-    "Trainer finds its place by skipping batches of its own shard: on fewer workers the global batch and "
-    "that place would change. The Llama notebook shows a loop that keeps both",
-    "dolly_lightning_fsdp": "its sharded checkpoint would load on any number of workers (through DCP), but "
-    "each epoch's steps are counted for NUM_WORKERS shards of Ray Data, and Lightning's batch is per worker: "
-    "on fewer workers the global batch and the place in the data after a resume would change. The Llama "
-    "notebook shows a loop that keeps both",
-}
+    return notebook(name)
 
 
 def _min_workers(p: dict) -> int:
@@ -99,10 +60,11 @@ def check_min_workers(notebook: str, p: dict) -> None:
             f"MIN_WORKERS={value}: more than NUM_WORKERS={p['NUM_WORKERS']}; use None (a fixed size) "
             f"or 1..{p['NUM_WORKERS']}."
         )
-    if notebook in ELASTIC_REFUSED:
+    refused = _notebook(notebook).ELASTIC_REFUSED
+    if refused:
         raise ParameterError(
             f"MIN_WORKERS={value}: this notebook cannot continue on fewer workers: "
-            f"{ELASTIC_REFUSED[notebook]}. It has no MIN_WORKERS parameter: a failed worker is restarted at "
+            f"{refused}. It has no MIN_WORKERS parameter: a failed worker is restarted at "
             f"NUM_WORKERS={p['NUM_WORKERS']}."
         )
     plan = plan_for(
@@ -206,203 +168,12 @@ def _check_elastic_padding(p: dict) -> None:
     )
 
 
-def check_cpus_per_worker(p: dict) -> None:
-    """Each worker reserves CPUS_PER_WORKER CPUs, and Ray gives it as many threads (OMP_NUM_THREADS):
-    without a reservation a GPU worker gets one thread, for the CPU work it does (an offloaded optimizer
-    step, rank 0's load). A node of `CLUSTER` must have room for its GPUs' workers."""
-    from .plan import NODE_TYPES
-
-    value = p["CPUS_PER_WORKER"]
-    check_int("CPUS_PER_WORKER", value, minimum=1)
-    for name in (p.get("CLUSTER") or {}) if p["USE_GPU"] else ():
-        node = NODE_TYPES.get(name)
-        if node and node.gpus and node.cpus and value * node.gpus > node.cpus:
-            raise ParameterError(
-                f"CPUS_PER_WORKER={value}: a {name} has {node.cpus} vCPUs for its {node.gpus} GPUs' workers, "
-                f"{node.cpus // node.gpus} each at most (leave some for Ray and its data tasks)."
-            )
-
-
-# The notebook's "When a worker dies" run: 2 epochs of 4 steps (its cell's `kill_epochs, kill_steps_per_epoch`).
-GPT2_KILL_RUN_STEPS = 2 * 4
-
-
-def _gpt2(p: dict) -> None:
-    check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
-    check_int("MAX_STEPS_PER_EPOCH", p["MAX_STEPS_PER_EPOCH"], minimum=1)
-    check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=8)
-    check_choice("ZERO_STAGE", p["ZERO_STAGE"], [0, 1, 2, 3])
-    check_choice("OFFLOAD", p["OFFLOAD"], ["none", "optimizer", "optimizer+params"])
-    if p["OFFLOAD"] != "none" and p["ZERO_STAGE"] == 0:
-        raise ParameterError(f"OFFLOAD={p['OFFLOAD']!r} needs ZERO_STAGE 1, 2 or 3: offload is part of ZeRO.")
-    if p["OFFLOAD"] == "optimizer+params" and p["ZERO_STAGE"] != 3:
-        raise ParameterError(
-            f"OFFLOAD='optimizer+params' needs ZERO_STAGE=3 (only stage 3 partitions the parameters); "
-            f"ZERO_STAGE={p['ZERO_STAGE']} can offload 'optimizer'."
-        )
-    check_choice("PRECISION", p["PRECISION"], ["bf16", "fp16", "fp32"])
-    # It names the run's folder under STORAGE_PATH: a name, never a path out of it.
-    if not isinstance(p["EXPERIMENT_PREFIX"], str) or not re.fullmatch(
-        r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", p["EXPERIMENT_PREFIX"]
-    ):
-        raise ParameterError(
-            f"EXPERIMENT_PREFIX={p['EXPERIMENT_PREFIX']!r}: must be a name of letters, digits, '_', '.' or '-' "
-            "(at most 64, no '/'), e.g. 'deepspeed_sample'."
-        )
-    if p["PRECISION"] == "fp16" and not p["USE_GPU"]:
-        # DeepSpeed's CPU accelerator supports fp16 only with special builds; bf16 works everywhere.
-        raise ParameterError("PRECISION='fp16' needs USE_GPU=True; on CPU use PRECISION='bf16' or 'fp32'.")
-    _common(p, GPT2_KILL_RUN_STEPS)  # KILL_WORKER_AT_STEP: a step of "When a worker dies"'s own run
-
-
-def _dolly(p: dict) -> None:
-    from .fsdp import LIGHTNING_PRECISIONS
-
-    check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=8)
-    check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
-    check_positive("EPS", p["EPS"])
-    check_choice("PRECISION", p["PRECISION"], LIGHTNING_PRECISIONS)
-    check_choice("CPU_OFFLOAD", p["CPU_OFFLOAD"], [True, False])
-    if p["PRECISION"] in ("16-mixed", "16-true") and not p["USE_GPU"]:
-        raise ParameterError(
-            f"PRECISION={p['PRECISION']!r} needs USE_GPU=True; on CPU use 'bf16-mixed' or '32-true'."
-        )
-    if p["CPU_OFFLOAD"] and not p["USE_GPU"]:
-        raise ParameterError(
-            "CPU_OFFLOAD=True needs USE_GPU=True: on CPU workers the model is in CPU memory."
-        )
-    _common(p, 2 * 4)  # the kill is a step of "When a worker dies"'s own run: 2 epochs of 4 steps
-
-
-def _llama_fsdp(p: dict) -> None:
-    check_int("RESIZE_CHECK_S", p["RESIZE_CHECK_S"], minimum=1, maximum=3600)
-    _llama(p)
-
-
-def _llama_lora(p: dict) -> None:
-    check_int("LORA_RANK", p["LORA_RANK"], minimum=1)
-    check_positive("LORA_ALPHA", p["LORA_ALPHA"])
-    check_choice("LORA_MERGED", p["LORA_MERGED"], [True, False])
-    # "When a worker dies" trains a run of its own, KILL_WORKER_AT_STEP + 1 steps: any step will do.
-    _llama(p, kill_steps=None)
-
-
-def _llama(p: dict, kill_steps: int | None = -1) -> None:
-    """What both Llama notebooks check: the recipe's numbers. `kill_steps`: the steps of the run that
-    KILL_WORKER_AT_STEP kills a worker in (-1: MAX_STEPS; None: unbounded)."""
-    check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=16)
-    check_int("MAX_STEPS", p["MAX_STEPS"], minimum=1)
-    check_int("GRADIENT_ACCUMULATION_STEPS", p["GRADIENT_ACCUMULATION_STEPS"], minimum=1)
-    check_int("LOGGING_STEPS", p["LOGGING_STEPS"], minimum=1)
-    check_int("SAVE_STEPS", p["SAVE_STEPS"], minimum=1)
-    check_int("EVAL_STEPS", p["EVAL_STEPS"], minimum=1)
-    check_int("COLLECTIVE_TIMEOUT_S", p["COLLECTIVE_TIMEOUT_S"], minimum=60, maximum=7 * 24 * 3600)
-    check_choice("USE_FLASH_ATTN", p["USE_FLASH_ATTN"], [True, False])
-    check_choice("USE_GRADIENT_CHECKPOINTING", p["USE_GRADIENT_CHECKPOINTING"], [True, False, "auto"])
-    for name in ("WEIGHT_DECAY", "WARMUP_RATIO"):
-        value = p[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise ParameterError(f"{name}={value!r}: must be a number in [0, 1).")
-    _common(p, p["MAX_STEPS"] if kill_steps == -1 else kill_steps)
-
-
-def _glue(p: dict) -> None:
-    from .glue import GLUE_TASKS
-
-    check_choice("TASK", p["TASK"], GLUE_TASKS)
-    check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
-    value = p["WEIGHT_DECAY"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise ParameterError(f"WEIGHT_DECAY={value!r}: must be a finite number >= 0.")
-    _common(p)
-
-
-# ---- "will it fit?": each notebook's recipe, as helpers.plan.plan_training sees it -----------------
-
-
-def plan_gpt2(p: dict) -> dict:
-    return dict(
-        activation_checkpointing=False,
-        sharding=f"zero{p['ZERO_STAGE']}",
-        gather_bytes=2,
-        offload=p["OFFLOAD"],
-        loading="every rank",  # every worker calls from_pretrained
-        checkpoint="staged",  # DeepSpeed writes each rank's shard locally, then Ray uploads it
-        fixes={
-            "gpu": "Raise ZERO_STAGE, set OFFLOAD, use more NUM_WORKERS, or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN.",
-            "host": "Choose nodes with more RAM in CLUSTER, or OFFLOAD='none'.",
-            "disk": "Choose nodes with more local disk in CLUSTER.",
-        },
-    )
-
-
-def plan_dolly(p: dict) -> dict:
-    compute_bytes = 4 if p["PRECISION"] in ("32-true", "64-true") else 2  # mixed precision: 16-bit
-    return dict(
-        activation_checkpointing=True,  # the strategy's activation_checkpointing_policy
-        sharding="fsdp",
-        gather_bytes=compute_bytes,  # FSDP gathers the weights in the compute dtype
-        reduce_bytes=compute_bytes,  # and Lightning reduces the gradients in it too
-        offload="optimizer+params" if p["CPU_OFFLOAD"] else "none",  # FSDP1 offloads weights, grads, the step
-        no_shard_alone=True,  # FSDP1: one worker runs as NO_SHARD
-        loading="every rank",  # every worker's DollyV2Model loads the fp32 model before FSDP shards it
-        checkpoint="staged",  # each rank writes its shard locally, then Ray uploads it
-        num_to_keep=1,
-        fixes={
-            "gpu": "Set CPU_OFFLOAD=True, more NUM_WORKERS, or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN.",
-            "host": "Choose nodes with more RAM per GPU in CLUSTER, or set CPU_OFFLOAD=False.",
-            "disk": "Choose nodes with more local disk in CLUSTER.",
-        },
-    )
-
-
-def plan_llama(p: dict) -> dict:
-    return dict(
-        activation_checkpointing=p["USE_GRADIENT_CHECKPOINTING"],
-        sharding="fsdp",
-        gather_bytes=2,  # MixedPrecisionPolicy(param_dtype=bfloat16)
-        loading="rank 0",  # the other ranks build on `meta`
-        checkpoint="streamed",  # each rank writes its shard straight to STORAGE_PATH
-        export_bytes=2,  # the consolidated bf16/fp16 model rank 0 writes at the end
-        num_to_keep=2,
-        vocab_size=None,  # the 4 chat tokens add 4 rows: nothing the plan can see
-        foreach_optimizer=False,  # the training function's AdamW(foreach=False)
-        separate_embeddings=True,  # shard_model wraps the embeddings and the head as FSDP units of their own
-        reduce_bytes=2,  # MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
-        lora_rank=p.get("LORA_RANK", 0),  # > 0: adapters over a frozen bf16 base (the llama_lora notebook)
-        lora_token_rows=4,  # with LoRA, the chat tokens' rows of the embeddings and the head train too
-        lora_merged=p.get("LORA_MERGED", False),  # and a merged model exported next to the adapter
-        collective_timeout_s=p.get("COLLECTIVE_TIMEOUT_S"),  # a checkpoint's save must end well within it
-        fixes={
-            "gpu": "Use more NUM_WORKERS (nodes in CLUSTER), or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN"
-            + ("." if p["USE_GRADIENT_CHECKPOINTING"] else ", or set USE_GRADIENT_CHECKPOINTING=True."),
-            "host": "Choose nodes with more RAM in CLUSTER.",
-            "disk": "Choose nodes with more local disk in CLUSTER.",
-        },
-    )
-
-
-NOTEBOOKS: dict[str, tuple[Callable[[dict], None], Callable[[dict], dict] | None]] = {
-    "gpt2_deepspeed": (_gpt2, plan_gpt2),
-    "dolly_lightning_fsdp": (_dolly, plan_dolly),
-    "llama_fsdp": (_llama_fsdp, plan_llama),
-    "llama_lora": (_llama_lora, plan_llama),
-    "glue_text_classification": (_glue, None),
-}
-
-
-def notebook_checks(name: str):
-    if name not in NOTEBOOKS:
-        raise ValueError(f"unknown notebook {name!r}; known: {sorted(NOTEBOOKS)}")
-    return NOTEBOOKS[name]
-
-
 def plan_for(notebook: str, p: dict, title: str | None = None):
     """The "will it fit?" plan (`helpers.plan.Plan`) of `notebook` with the parameters `p`; None for a
     notebook without one (GLUE's models fit any GPU)."""
     from .plan import check_cluster, plan_training
 
-    recipe = notebook_checks(notebook)[1]
+    recipe = _notebook(notebook).plan_recipe
     if recipe is None:
         return None
     if p["USE_GPU"]:
@@ -486,8 +257,7 @@ def check_parameters(notebook: str, namespace: dict):
     from .validate import check_max_positions, check_source_available, hub_offline
 
     check_parameter_names(namespace)
-    rules, _ = notebook_checks(notebook)
-    rules(namespace)
+    _notebook(notebook).check(namespace)
     # Only now: it imports torch (1.3 s), and a misspelt name or a bad value is reported without waiting.
     quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
     check_min_workers(notebook, namespace)
@@ -535,7 +305,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     from .plan import Plan
     from .tracking import check_tracking_from_nodes, tracking_uri
 
-    notebook_checks(notebook)
+    _notebook(notebook)  # a known notebook
     p = namespace
     check_tracking_from_nodes()  # first: before the weights' download below
     fewest = _min_workers(p)  # an elastic run starts with as many as it gets, at least MIN_WORKERS

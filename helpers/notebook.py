@@ -1,6 +1,6 @@
 """The Set up cell: one call between a notebook's parameters and its lesson.
 
-`set_up(notebook, globals())` starts the run's clock, applies smoke mode (`harness.smoke_settings`), checks
+`set_up(notebook, globals())` starts the run's clock, applies smoke mode (the notebook's `smoke` table in `harness.notebooks`), checks
 the parameters and plans the run (`helpers.checks.check_parameters`), starts Ray or joins the cluster in
 `RAY_ADDRESS` (`helpers.cluster.start_ray`), and checks that the cluster can hold the run (`helpers.checks.check_cluster`).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 
-from harness import cpu_bf16, results, smoke_settings
+from harness import cpu_bf16, results
 
 from . import checks, cluster, smoke
 
@@ -20,17 +20,20 @@ def set_up(notebook: str, namespace: dict):
     """Set up `notebook`'s run from its globals (`namespace`, updated in place); return its "will it fit?"
     plan (None for a notebook without one).
 
-    1. With `SMOKE_TEST`: the laptop-sized model, fixtures and run of `harness.smoke_settings`, for every
-       parameter still at its full-scale default; a value you passed or edited stays. Prints what changed.
+    1. With `SMOKE_TEST`: the laptop-sized model, fixtures and run of the notebook's smoke table
+       (`harness.notebooks`), for every parameter still at its full-scale default; a value you passed or
+       edited stays. Prints what changed.
     2. `helpers.checks.check_parameters`: a misspelt name, a bad value, unwritable storage, a model or data out of
        reach, or a run that will not fit fails here, naming the parameter and what is allowed.
     3. `helpers.cluster.start_ray`: a local Ray, or the cluster in `RAY_ADDRESS`; the workers' output goes to a log.
     4. `helpers.checks.check_cluster`: room for the workers, storage every node can write, the weights on every node.
     """
+    from harness.notebooks import smoke_table  # here: harness.notebooks imports helpers
+
     results.start_clock(notebook)
     gc.set_threshold(*cluster.GC_THRESHOLD)  # the imports to come: about a fifth faster (see there)
     if namespace.get("SMOKE_TEST"):
-        namespace.update(smoke.smoke_overrides(namespace, smoke_settings.smoke_table(notebook, namespace)))
+        namespace.update(smoke.smoke_overrides(namespace, smoke_table(notebook, namespace)))
         if cpu_bf16.install():  # and in each Ray worker, by the job's setup hook
             print("  This CPU has no bf16 instructions: bf16 matrix products run in fp32, rounded to bf16.")
     plan = checks.check_parameters(notebook, namespace)

@@ -1,7 +1,7 @@
 """The notebook's parameters: names papermill may pass, smoke mode's replacements, the values a run used.
 
 Used by `helpers.set_up`, the "Set up" cell of every notebook (`smoke_overrides`, with the tables of
-`harness.smoke_settings`; `check_parameter_names` through `helpers.checks.check_parameters`), and
+`harness.notebooks.smoke_table`; `check_parameter_names` through `helpers.checks.check_parameters`), and
 `parameter_values` by the "What the run showed" cell.
 """
 

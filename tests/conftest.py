@@ -70,20 +70,29 @@ def pytest_configure(config):
     os.environ[CANARY_SHELL_VAR] = CANARY_SHELL_SECRET
     os.environ.pop("SMOKE_TEST", None)  # each test says which mode it runs
 
-    for folder in (str(ROOT / "ci"), offline):  # ci/local_cluster.py; the guard
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-    from llm_notebooks_offline_guard import install, start_tripwire_proxy
-
-    install(str(GUARD_LOG))
+    guard = _offline_guard(offline)
+    guard.install(str(GUARD_LOG))
     # HTTP clients that honour proxy variables send every request to a loopback tripwire that
     # refuses it and records its target (see ci/offline); Ray's dashboard probes cloud metadata
     # services at start-up, and this keeps those probes on the machine too.
-    proxy = f"http://127.0.0.1:{start_tripwire_proxy(str(GUARD_LOG))}"
+    proxy = f"http://127.0.0.1:{guard.start_tripwire_proxy(str(GUARD_LOG))}"
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         os.environ[var] = proxy
     for var in ("NO_PROXY", "no_proxy"):
         os.environ[var] = "localhost,127.0.0.1,::1"
+
+
+def _offline_guard(folder: str):
+    """The guard's module, by the name every process the tests start imports it under (their
+    sitecustomize.py does, from `folder` on PYTHONPATH): one copy of it in this process too."""
+    import importlib.util
+
+    name = "llm_notebooks_offline_guard"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(folder, f"{name}.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 @pytest.fixture(autouse=True)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.notebooks import NAMES, notebook
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -53,10 +55,8 @@ CANARY_SHELL_SECRET = f"ghp_canary{uuid.uuid4().hex}"
 
 
 def _local_cluster():
-    """ci/local_cluster.py, imported on first use (conftest puts ci/ on sys.path for the tests too)."""
-    if str(ROOT / "ci") not in sys.path:
-        sys.path.insert(0, str(ROOT / "ci"))
-    import local_cluster
+    """ci/local_cluster.py, imported on first use."""
+    from ci import local_cluster
 
     return local_cluster
 
@@ -446,7 +446,8 @@ def execute(
     papermill timeout; a run past it raises `RunTooSlow` naming the notebook, the run and the cell.
     """
     import papermill
-    from run_notebooks import FinishedRun
+
+    from ci.run_notebooks import FinishedRun
 
     out_dir = ARTIFACTS / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -548,20 +549,14 @@ def job_logs(job_id: str, cluster: Mapping[str, str]) -> str:
     return proc.stdout
 
 
-# Each notebook's smoke run, as a learner runs it (nbval or JupyterLab, on the test cluster): its budget,
-# at least twice the longest time measured in a fresh clone's `make test` (docs/testing.md, "Time budgets"):
+# Each notebook's smoke run, as a learner runs it (nbval or JupyterLab, on the test cluster): its budget
+# (its module's SMOKE_BUDGET_S), at least twice the longest time measured in a fresh clone's `make test`:
 # GPT-2 66-84 s, Dolly 78-93 s, GLUE through JupyterLab 57-78 s, Llama through JupyterLab 142 s
 # (JUPYTERLAB_NOTEBOOKS=all only), on a CPU with bf16 instructions. A 2-core AVX2 machine (2026-11-28)
 # is slower at everything, bf16 products aside (harness.cpu_bf16): `make run` there took GPT-2 168 s,
 # Dolly 136 s, GLUE 129 s, Llama 128 s, LoRA 152 s; its fresh-clone `make test` with the held-out
 # evaluations (f789ed2): the GPT-2 and Dolly nbval fixtures 197 s and 184 s.
-SMOKE_BUDGET_S = {
-    "gpt2_deepspeed": 400,
-    "dolly_lightning_fsdp": 380,
-    "glue_text_classification": 400,  # 298 s beside other work on the AVX2 machine
-    "llama_fsdp": 330,
-    "llama_lora": 450,  # the LoRA papermill run's budget (tests/test_llama_lora.py)
-}
+SMOKE_BUDGET_S = {name: notebook(name).SMOKE_BUDGET_S for name in NAMES}
 
 
 def run_nbval(
@@ -617,13 +612,7 @@ def smoke_nbval(name: str, results_dir: Path, cluster: Mapping[str, str]) -> tup
 
 # ---- JupyterLab: the notebook as its first user runs it -------------------------------------------
 
-ALL_NOTEBOOKS = (
-    "gpt2_deepspeed",
-    "dolly_lightning_fsdp",
-    "llama_fsdp",
-    "llama_lora",
-    "glue_text_classification",
-)
+ALL_NOTEBOOKS = NAMES
 LAB_ARTIFACTS = ARTIFACTS / "jupyterlab"  # <notebook>.png (the page), .txt (each cell's outputs), -server.log
 # The time from "Run All Cells" to the last cell is bounded by the notebook's SMOKE_BUDGET_S; the server's and
 # Chromium's start (measured: 5-10 s) and the kernel's (2-4 s) come on top of it.
@@ -1229,16 +1218,6 @@ class TrackingStopped:
             self._server.resume()
 
 
-# The metric each notebook's training loss is logged under.
-TRACKED_LOSS = {
-    "glue_text_classification": "loss",  # the Trainer's (rank 0), every `logging_steps`, through the observer
-    "gpt2_deepspeed": "loss",
-    "dolly_lightning_fsdp": "loss",  # the observer's, averaged over the workers
-    "llama_fsdp": "loss",
-    "llama_lora": "loss",
-}
-
-
 def mlflow_get(cluster: Mapping[str, str], endpoint: str, **query) -> dict:
     """One GET of the cluster's MLflow tracking server's REST API (`/api/2.0/mlflow/<endpoint>`)."""
     import urllib.parse
@@ -1269,7 +1248,7 @@ def check_tracked_run(results: dict, cluster: Mapping[str, str]) -> None:
     tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
     expected = {k: str(v) for k, v in results["parameters"].items()}
     assert {k: params.get(k) for k in expected} == expected
-    points = metric_history(cluster, results["mlflow_run_id"], TRACKED_LOSS[results["notebook"]])
+    points = metric_history(cluster, results["mlflow_run_id"], "loss")
     steps = [step for step, _ in points]
     assert len(steps) == len(set(steps)), f"steps logged twice: {sorted(steps)}"
     # Each step's loss as the first attempt that ran it logged it (a replay is not logged again).

@@ -114,7 +114,7 @@ print(json.dumps({k: any(os.environ[v].encode() in job for job in jobs) for k, v
 
 
 def test_secret_bearing_files_are_the_owners_alone(ray_cluster, tmp_path):
-    import local_cluster
+    from ci import local_cluster
 
     for name in ("cluster.env", "state.json", "auth_token", "mlflow.db", ".lock"):
         assert (CLUSTER_DIR / name).stat().st_mode & 0o777 == 0o600, name
@@ -164,7 +164,7 @@ def test_a_second_run_is_refused_and_the_first_goes_on(ray_cluster):
     # This session holds the test cluster; another run (here a second process) that starts one in the same
     # folder is refused, naming the holder, instead of stopping this one's nodes and bucket.
     code = (
-        "import sys; sys.path.insert(0, 'ci'); import local_cluster;"
+        "from ci import local_cluster;"
         f"local_cluster.up(local_cluster.Path({str(CLUSTER_DIR)!r}), local_cluster.Path({str(CLUSTER_DIR / 'cluster.env')!r}))"
     )
     second = subprocess.run(
@@ -199,8 +199,7 @@ def _stalls_when_moving_data(storage, seconds: float, stalls: list) -> None:
     """The test cluster's bucket stops answering for `seconds` (`make cluster-pause-storage`) as `storage`
     (a DCP writer or reader) starts on its data files: in the middle of a checkpoint's write or read, after
     DCP has planned it and read the index."""
-    sys.path.insert(0, str(ROOT / "ci"))
-    import local_cluster
+    from ci import local_cluster
 
     method = "write_data" if hasattr(storage, "write_data") else "read_data"
     move_data = getattr(storage, method)

@@ -46,8 +46,7 @@ def test_llama_trains_on_the_gpu_and_ray_costs_little(results):
 
 @pytest.mark.timeout(120)
 def test_the_plan_is_within_10_percent_of_what_torch_allocated(results):
-    sys.path.insert(0, str(REPO / "ci" / "gpu"))
-    from summary import plan_rows
+    from ci.gpu.summary import plan_rows
 
     rows = [
         r
@@ -70,7 +69,7 @@ def test_glue_and_dolly_run_on_cuda(results):
 
 @pytest.mark.timeout(420)
 def test_compiled_layers_beat_the_notebooks_eager_step_and_the_profile_adds_up(tmp_path):
-    command = [sys.executable, "ci/gpu/llama_step.py", "--out", str(tmp_path), "--budget", "250"]
+    command = [sys.executable, "-m", "ci.gpu.llama_step", "--out", str(tmp_path), "--budget", "250"]
     # The script puts ci/gpu and the repo on its own path.
     subprocess.run(command, cwd=REPO, check=True, timeout=400)
     variants = json.loads((tmp_path / "llama_step.json").read_text())["variants"]

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import harness.fixtures
+import harness.notebooks
 import harness.tiny_models
 import helpers
 from helpers import cluster
@@ -356,10 +357,10 @@ def test_cpus_per_worker_must_fit_the_nodes_of_the_cluster():
     with pytest.raises(
         helpers.ParameterError, match=r"CPUS_PER_WORKER=13: a p4de.24xlarge has 96 vCPUs .* 12 each"
     ):
-        helpers.checks.check_cpus_per_worker(p)
-    helpers.checks.check_cpus_per_worker({**p, "CPUS_PER_WORKER": 10})
+        harness.notebooks.check_cpus_per_worker(p)
+    harness.notebooks.check_cpus_per_worker({**p, "CPUS_PER_WORKER": 10})
     with pytest.raises(helpers.ParameterError, match="CPUS_PER_WORKER=0"):
-        helpers.checks.check_cpus_per_worker({**p, "CPUS_PER_WORKER": 0})
+        harness.notebooks.check_cpus_per_worker({**p, "CPUS_PER_WORKER": 0})
 
 
 def test_redact_masks_a_uris_credentials_and_keeps_the_bucket():

@@ -88,6 +88,25 @@ def test_helpers_and_harness_have_no_import_cycle():
     assert cycles(graph) == []
 
 
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    # The graph leaves the packages' front doors out; importing each module first, in a process of its
+    # own, is what finds a cycle through one (harness.notebooks -> helpers/__init__ -> helpers.checks ->
+    # harness.notebooks, half-initialised).
+    import subprocess
+    import sys
+
+    names = sorted(import_graph())
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    for loaded in [m for m in sys.modules if m.split('.')[0] in ('helpers', 'harness')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    importlib.import_module(name)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_no_module_imports_another_ones_private_names(tmp_path):
     assert private_imports() == []
     (tmp_path / "helpers").mkdir()
@@ -126,3 +145,22 @@ def test_no_function_is_over_80_lines():
                 if lines > 80:
                     long.append(f"{path.name}:{node.name} ({lines} lines)")
     assert long == [], long
+
+
+def test_the_layout_file_names_every_folder_and_module():
+    """LAYOUT.md says where everything lives: each top-level folder git tracks, each module of `helpers`
+    and `harness`, and each notebook module, named there; and each name it gives for them exists."""
+    import re
+    import subprocess
+
+    layout = (ROOT / "LAYOUT.md").read_text()
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    folders = {path.split("/")[0] for path in tracked.splitlines() if "/" in path}
+    assert {"helpers", "harness", "notebooks", "tests", "ci", "docs"} <= folders
+    assert [f for f in sorted(folders) if f"`{f}/" not in layout] == []
+    modules = [p.stem for package in PACKAGES for p in (ROOT / package).glob("*.py") if p.stem != "__init__"]
+    assert [m for m in modules if f"`{m}`" not in layout] == []
+    for module in re.findall(r"\(`(\w+)`[,)]|, `(\w+)`", layout):
+        name = next(m for m in module if m)
+        assert name in modules or (ROOT / "ci" / f"{name}.py").exists(), name
+    assert "`harness/notebooks/<name>.py`" in layout and "`NAMES`" in layout

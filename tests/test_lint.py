@@ -126,3 +126,28 @@ def test_the_notebooks_requirements_bring_no_test_docs_or_lint_tools():
     assert not notebooks & tools, notebooks & tools
     assert tools - {"sphinx", "myst-nb"} <= _installs(ROOT / "requirements-dev.txt")
     assert {"sphinx", "myst-nb"} <= _installs(ROOT / "requirements-docs.txt")
+
+
+def test_no_code_edits_sys_path():
+    # Packages import as packages (`helpers`, `harness` installed; `ci` run with `python -m ci.<name>` from
+    # the root); a file that edits sys.path to reach another one hides where its code comes from.
+    import ast
+
+    def edits(tree) -> list[int]:
+        found = []
+        for node in ast.walk(tree):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = node.func.value  # sys.path.insert(...), .append, .remove, ...
+            elif isinstance(node, ast.Assign | ast.AugAssign):
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                target = target.value if isinstance(target, ast.Subscript) else target  # sys.path[:0] = ...
+            if isinstance(target, ast.Attribute) and target.attr == "path":
+                if isinstance(target.value, ast.Name) and target.value.id == "sys":
+                    found.append(node.lineno)
+        return sorted(found)
+
+    assert edits(ast.parse("import sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']\n")) == [2, 3]
+    code = [f for f in _project_files() if f.endswith(".py")]
+    found = {f: lines for f in code if (lines := edits(ast.parse((ROOT / f).read_text())))}
+    assert found == {}, found

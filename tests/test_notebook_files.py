@@ -47,10 +47,10 @@ def test_first_code_cell_is_the_parameters_cell(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_set_up_is_one_call_and_smoke_mode_replaces_the_defaults(path, monkeypatch):
-    # The Set up cell is one call; smoke mode's table (harness/smoke_settings.py) names parameters of this
+    # The Set up cell is one call; smoke mode's table (its `smoke` in harness/notebooks/) names parameters of this
     # notebook with the very defaults of its parameters cell: a default changed in one place alone would
     # leave smoke mode silently running the full-scale value.
-    import harness.smoke_settings as settings
+    from harness.notebooks import smoke_table
 
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -63,7 +63,7 @@ def test_set_up_is_one_call_and_smoke_mode_replaces_the_defaults(path, monkeypat
     monkeypatch.setattr("harness.tiny_models.tiny_model", lambda *a, **k: built.setdefault("model", "m"))
     for fixture in ("ag_news_fixture", "chat_fixture", "glue_fixture", "play_script_fixture"):
         monkeypatch.setattr(f"harness.fixtures.{fixture}", lambda: "fixture")
-    table = settings.smoke_table(path.stem, defaults)
+    table = smoke_table(path.stem, defaults)
     for name, (full_scale, _) in table.items():
         assert name in defaults, f"smoke mode sets {name}, which {path.stem} has no parameter for"
         assert defaults[name] == full_scale, (

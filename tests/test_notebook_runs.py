@@ -156,21 +156,20 @@ def hook(event, args):
 
 environ, path, threads, modules = dict(os.environ), list(sys.path), threading.active_count(), set(sys.modules)
 sys.addaudithook(hook)
-sys.path.insert(0, "tests")
-import notebook_runs, conftest
-sys.path.remove("tests")
+import notebook_runs, conftest  # from tests/, on PYTHONPATH as pytest puts it on sys.path
 assert not events, events
 assert dict(os.environ) == environ, set(os.environ.items()) ^ set(environ.items())
 assert sys.path == path, sys.path
 assert threading.active_count() == threads
-assert not {"local_cluster", "llm_notebooks_offline_guard"} & (set(sys.modules) - modules)  # (the guard:
+assert not {"ci.local_cluster", "llm_notebooks_offline_guard"} & (set(sys.modules) - modules)  # (the guard:
 # already there when the tests' sitecustomize.py loaded it at start-up, as in every process they start)
 print("no side effects")
 """
 
 
 def test_importing_the_plumbing_and_conftest_has_no_side_effects():
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    path = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": path}
     proc = subprocess.run(
         [sys.executable, "-c", _IMPORT_CHECK], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )

@@ -7,7 +7,6 @@ What the plan says against what the smoke runs' shards really hold is tested wit
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -361,11 +360,7 @@ def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_
 def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fit(capsys):
     # `make plan NOTEBOOK=llama_fsdp [ARGS=...]` (ci/plan.py): the notebook's "Will it fit?" table for the
     # values of its parameters cell, offline, without running it; papermill's -p values over them.
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ci"))
-    import plan
+    from ci import plan
 
     assert plan.main(["llama_fsdp"]) == 0
     out = capsys.readouterr().out
@@ -441,9 +436,9 @@ def test_the_plan_agrees_with_the_peaks_measured_on_gpus():
     # again for each run's configuration with today's code (ci/gpu/summary.py), so a change to a term that
     # the GPUs contradict fails here, on CPU: ZeRO-3 with the optimizer and weights offloaded too, since the
     # plan counts the weights' GPU copies, GPT-2's eager GELU and the loss's backward (allocator histories).
+    from ci.gpu.summary import plan_rows
+
     gpu = Path(__file__).resolve().parents[1] / "ci" / "gpu"
-    sys.path.insert(0, str(gpu))
-    from summary import plan_rows
 
     rows = plan_rows(gpu / "results")
     assert len(rows) >= 14 and any("offload=optimizer+params" in r["run"] for r in rows)

@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM_FLAGS, chromium_or_skip
+
+from ci import run_notebooks, run_summary
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "ci"))
-import run_notebooks  # noqa: E402
-import run_summary  # noqa: E402
-from browser import CHROMIUM_FLAGS, chromium_or_skip  # noqa: E402
 
 SCREENSHOT = ROOT / "test-artifacts" / "run-summary" / "summary.png"
 
@@ -478,8 +477,9 @@ def test_make_runs_one_ray_lets_in_only_a_driver_with_its_token_and_leaves_nothi
     import os
     import subprocess
 
-    import local_cluster
     import psutil
+
+    from ci import local_cluster
 
     state = tmp_path / "ray-run"
     driver = local_cluster.up_ray(state, cpus=2, object_store_mb=100)

@@ -26,7 +26,8 @@ def test_credentials_in_a_jobs_values_are_refused_before_anything_records_them()
             **env,
         }
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "ci" / "submit_job.py"), "glue_text_classification", *args],
+            [sys.executable, "-m", "ci.submit_job", "glue_text_classification", *args],
+            cwd=ROOT,
             env=full,
             capture_output=True,
             text=True,
@@ -40,8 +41,7 @@ def test_credentials_in_a_jobs_values_are_refused_before_anything_records_them()
 
 def test_a_job_ships_the_notebooks_and_helpers_only(tmp_path, monkeypatch):
     # A checkout with an executed notebook at its root and in notebooks/, both untracked.
-    sys.path.insert(0, str(ROOT / "ci"))
-    import submit_job
+    from ci import submit_job
 
     for path in ("helpers/__init__.py", "notebooks/a.ipynb", "tests/t.py", "README.md"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,7 @@ def test_a_job_ships_the_notebooks_and_helpers_only(tmp_path, monkeypatch):
     (tmp_path / "out.ipynb").write_text("executed")
     (tmp_path / "notebooks" / "out.ipynb").write_text("executed")
     monkeypatch.setattr(submit_job, "ROOT", tmp_path)
-    excludes = submit_job._excludes()
+    excludes = submit_job.excludes()
     assert sorted(excludes) == sorted(["/.git", "/README.md", "/out.ipynb", "/tests", "/notebooks/out.ipynb"])
     # Names with spaces, non-ASCII or glob characters are left out too, each matching only itself (as
     # Ray reads `excludes`: gitignore patterns through pathspec).
@@ -66,7 +66,7 @@ def test_a_job_ships_the_notebooks_and_helpers_only(tmp_path, monkeypatch):
     ]
     for name in odd:
         (tmp_path / name).write_text("executed")
-    spec = PathSpec.from_lines("gitwildmatch", submit_job._excludes())
+    spec = PathSpec.from_lines("gitwildmatch", submit_job.excludes())
     assert all(spec.match_file(name) for name in odd), [n for n in odd if not spec.match_file(n)]
     assert not spec.match_file("notebooks/a.ipynb") and not spec.match_file("helpers/__init__.py")
 
@@ -85,11 +85,11 @@ def test_make_job_reads_the_projects_cluster_env_from_any_folder(tmp_path):
     )
     # What the caller typed reaches the script through the environment, not the shell line.
     submit = proc.stdout.strip().splitlines()[-1]
-    assert submit.endswith('submit_job.py" --from-environment'), proc.stdout
+    assert submit.endswith("-m ci.submit_job --from-environment"), proc.stdout
 
 
 def test_make_job_runs_on_the_cluster_the_shell_names_at_full_scale():
-    from submit_job import with_mode
+    from ci.submit_job import with_mode
 
     local = {
         "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:8265",
@@ -107,7 +107,8 @@ def test_make_job_runs_on_the_cluster_the_shell_names_at_full_scale():
 
 def test_a_job_names_a_notebook_never_a_path():
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "ci" / "submit_job.py"), "../notebooks/glue_text_classification"],
+        [sys.executable, "-m", "ci.submit_job", "../notebooks/glue_text_classification"],
+        cwd=ROOT,
         env={
             **os.environ,
             "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:1",
@@ -124,8 +125,7 @@ def test_a_job_names_a_notebook_never_a_path():
 def test_a_job_gets_the_hub_and_network_settings_of_the_shell_and_no_secret():
     # Only STORAGE_PATH and MLFLOW_TRACKING_URI reached a job before: HF_HOME and NCCL_* had to be on the head
     # node already. The Hub token never goes into a job's variables (Ray's job table keeps them).
-    sys.path.insert(0, str(ROOT / "ci"))
-    from submit_job import job_env
+    from ci.submit_job import job_env
 
     shell = {
         "STORAGE_PATH": "s3://bucket/runs",
@@ -155,8 +155,7 @@ def test_make_job_waits_for_a_long_job_to_end(monkeypatch):
     # A 13-hour run: `make job` waited 30 minutes and then gave up while the job ran on.
     import ray.job_submission
 
-    sys.path.insert(0, str(ROOT / "ci"))
-    import submit_job
+    from ci import submit_job
 
     statuses = iter([ray.job_submission.JobStatus.RUNNING] * 30 + [ray.job_submission.JobStatus.SUCCEEDED])
     clock = iter(range(0, 10**9, 3600))  # an hour passes between two looks
@@ -174,8 +173,7 @@ def test_make_job_waits_for_a_long_job_to_end(monkeypatch):
 def test_cluster_processes_get_named_variables_never_a_prefix():
     # LC_PASSWD, PYTHONCANARY and LLM_NOTEBOOKS_CANARY reached 16 of 27 cluster processes through the
     # prefixes the allowlist took (LC_, PYTHON, LLM_NOTEBOOKS_); loopback is never proxied.
-    sys.path.insert(0, str(ROOT / "ci"))
-    from local_cluster import kept_env
+    from ci.local_cluster import kept_env
 
     shell = {
         "LC_ALL": "C.UTF-8",

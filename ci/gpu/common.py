@@ -54,10 +54,7 @@ def lesson_namespace(notebook: str, params: dict | None = None) -> dict:
 
 def parameter_defaults(notebook: str) -> dict:
     """The notebook's parameters cell, executed: its full-scale defaults (`make plan`'s reading of it)."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "ci"))
-    from plan import parameters
+    from ci.plan import parameters
 
     return parameters(notebook, [])
 

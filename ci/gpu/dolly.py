@@ -10,9 +10,9 @@ sharded checkpoint for `generate`. The model: a random-weight GPT-NeoX of pythia
 family), vocab 50280, stored in bf16, with smoke mode's offline tokenizer (512 tokens: higher ids decode to
 nothing, so the generated texts are short). On one GPU FSDP runs as NO_SHARD (world size 1).
 
-    python ci/gpu/dolly.py --out DIR            # on a CUDA GPU: DIR/dolly_lightning_fsdp.json
-    python ci/gpu/dolly.py --smoke --out DIR    # on CPU: a 2-layer model, the same code paths
-    python ci/gpu/dolly.py --only "16-mixed, CPU offload on" --out DIR  # that run alone, no generation:
+    python -m ci.gpu.dolly --out DIR            # on a CUDA GPU: DIR/dolly_lightning_fsdp.json
+    python -m ci.gpu.dolly --smoke --out DIR    # on CPU: a 2-layer model, the same code paths
+    python -m ci.gpu.dolly --only "16-mixed, CPU offload on" --out DIR  # that run alone, no generation:
                                                 # DIR/dolly_lightning_fsdp_16_mixed_cpu_offload_on.json
 """
 
@@ -29,8 +29,15 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import REPO, environment, lesson_cells, lesson_namespace, parameter_defaults, slug, write_result  # noqa: E402
+from ci.gpu.common import (
+    REPO,
+    environment,
+    lesson_cells,
+    lesson_namespace,
+    parameter_defaults,
+    slug,
+    write_result,
+)
 
 NOTEBOOK = "dolly_lightning_fsdp"
 FULL = dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=16, intermediate_size=8192)

@@ -10,8 +10,8 @@ writes samples/s, `trainer.args.use_cpu`, the model's device and peak GPU memory
 missing, CoLA's Matthews correlation comes from numpy. The model: a random-weight DistilBERT with
 distilbert-base-uncased's config (66M parameters, vocab 30522) and smoke mode's tokenizer.
 
-    python ci/gpu/glue.py --out DIR            # on a CUDA GPU: DIR/glue_text_classification.json
-    python ci/gpu/glue.py --smoke --out DIR    # on CPU: a 2-layer model, the same code paths
+    python -m ci.gpu.glue --out DIR            # on a CUDA GPU: DIR/glue_text_classification.json
+    python -m ci.gpu.glue --smoke --out DIR    # on CPU: a 2-layer model, the same code paths
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import REPO, environment, lesson_cells, lesson_namespace, parameter_defaults, write_result  # noqa: E402
-from dolly import attempt, start_ray  # noqa: E402
+from ci.gpu.common import REPO, environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
+from ci.gpu.dolly import attempt, start_ray
 
 NOTEBOOK = "glue_text_classification"
 SMOKE = dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128)  # the full run: DistilBertConfig's defaults

@@ -1,7 +1,7 @@
 """GPT-2 + DeepSpeed (`gpt2_deepspeed`) on one GPU: samples/s and peak memory per ZeRO stage.
 
-    PYTHONPATH=. python ci/gpu/gpt2.py --out DIR          # GPT-2 124M (random weights), 512 tokens, a GPU
-    PYTHONPATH=. python ci/gpu/gpt2.py --smoke --out DIR  # 2-layer GPT-2, 64 tokens, a CPU worker (a test)
+    PYTHONPATH=. python -m ci.gpu.gpt2 --out DIR          # GPT-2 124M (random weights), 512 tokens, a GPU
+    PYTHONPATH=. python -m ci.gpu.gpt2 --smoke --out DIR  # 2-layer GPT-2, 64 tokens, a CPU worker (a test)
 
 ZeRO-1, 2, 3 and ZeRO-3 with OFFLOAD="optimizer+params", each its own Ray Train `TorchTrainer.fit()` (one
 worker, `use_gpu`), with the notebook's parameters (its parameters cell) and its own lesson functions:
@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "ci" / "gpu")]
+from ci.gpu.common import environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
 
-from common import environment, lesson_cells, lesson_namespace, parameter_defaults, write_result  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+
 
 NOTEBOOK = "gpt2_deepspeed"
 RUNS = [(1, "none"), (2, "none"), (3, "none"), (3, "optimizer+params")]  # offload last: CPU Adam builds

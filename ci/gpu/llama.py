@@ -7,9 +7,9 @@ Each run reports steady-state seconds per step (the first step is a warm-up), to
 GPU's dense bf16 peak, peak GPU memory, the step's FLOPs counted by `torch.utils.flop_counter`, and the
 notebook's "will it fit?" plan for the same configuration.
 
-    python ci/gpu/llama.py --out DIR                 # on a CUDA GPU: the runs below, DIR/llama_fsdp.json
-    python ci/gpu/llama.py --smoke --out DIR         # on CPU: a tiny model, the same code paths
-    python ci/gpu/llama.py --only LoRA --memory-history --out DIR   # 3 steps; the tensors alive at the peak
+    python -m ci.gpu.llama --out DIR                 # on a CUDA GPU: the runs below, DIR/llama_fsdp.json
+    python -m ci.gpu.llama --smoke --out DIR         # on CPU: a tiny model, the same code paths
+    python -m ci.gpu.llama --only LoRA --memory-history --out DIR   # 3 steps; the tensors alive at the peak
 
 Runs: through Ray Train with and without activation checkpointing; the same training function under
 `torchrun` (what Ray costs: seconds per step and launch-to-first-step); LoRA r=16 through Ray Train.
@@ -30,8 +30,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import REPO, environment, lesson_namespace, live_at_peak, slug, write_result  # noqa: E402
+from ci.gpu.common import REPO, environment, lesson_namespace, live_at_peak, slug, write_result
 
 # A Llama 2 architecture at 3.4B (head_dim 128 as in Llama 2): 16 bytes per parameter fit an 80 GB GPU.
 FULL = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24)

@@ -14,11 +14,11 @@ its step time. One step of the notebook's variant and one of the fastest are pro
 GPU time by kind of kernel, the optimizer's share (CUDA events around `optimizer.step`), and how much of the
 step the GPU had no kernel running.
 
-    python ci/gpu/llama_step.py --out DIR              # on a CUDA GPU: DIR/llama_step.json, DIR/llama_step_*.txt
-    python ci/gpu/llama_step.py --variants further ... # toward the bar: DIR/llama_step_further.json
-    python ci/gpu/llama_step.py --variants fused ...   # the optimizer fused: DIR/llama_step_fused.json
-    python ci/gpu/llama_step.py --variants bar ...     # the fastest, fused, from a fresh process: DIR/llama_step_bar.json
-    python ci/gpu/llama_step.py --smoke --out DIR      # on CPU: a tiny model, the same code paths
+    python -m ci.gpu.llama_step --out DIR              # on a CUDA GPU: DIR/llama_step.json, DIR/llama_step_*.txt
+    python -m ci.gpu.llama_step --variants further ... # toward the bar: DIR/llama_step_further.json
+    python -m ci.gpu.llama_step --variants fused ...   # the optimizer fused: DIR/llama_step_fused.json
+    python -m ci.gpu.llama_step --variants bar ...     # the fastest, fused, from a fresh process: DIR/llama_step_bar.json
+    python -m ci.gpu.llama_step --smoke --out DIR      # on CPU: a tiny model, the same code paths
 """
 
 from __future__ import annotations
@@ -28,16 +28,14 @@ import gc
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from common import environment, lesson_namespace, write_result  # noqa: E402
-from llama import FULL, SMOKE, build_model  # noqa: E402
+from ci.gpu.common import environment, lesson_namespace, write_result
+from ci.gpu.llama import FULL, SMOKE, build_model
 
 
 class Variant(NamedTuple):

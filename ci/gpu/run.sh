@@ -22,7 +22,7 @@ if [ -d "$WHEELS" ]; then
     fi
     export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/ci/gpu:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$log"
 $PYTHON -c "import ray, torch, transformers, deepspeed, lightning; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, 'lightning', lightning.__version__)" 2>&1 | tail -3 | tee -a "$log"
 echo "installed in $(($(date +%s) - start)) s" | tee -a "$log"
@@ -42,7 +42,7 @@ for run in $runs; do
     t0=$(date +%s)
     echo "== $run (limit ${budget} s)" >>"$log"
     case $run in dolly | gpt2) inner="--budget $((budget - 15))" ;; *) inner="" ;; esac
-    timeout -k 5 "$budget" $PYTHON "ci/gpu/$run.py" --out "$OUT" $inner ${RUN_ARGS:-} >>"$log" 2>&1
+    timeout -k 5 "$budget" $PYTHON -m "ci.gpu.$run" --out "$OUT" $inner ${RUN_ARGS:-} >>"$log" 2>&1
     code=$?
     echo "$run: exit $code after $(($(date +%s) - t0)) s" | tee -a "$log"
     cp "$OUT"/*.json "$STATE"/ 2>/dev/null

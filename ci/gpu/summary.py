@@ -1,4 +1,4 @@
-"""The GPU results next to the plan: `python ci/gpu/summary.py [results folder]` prints one row per run.
+"""The GPU results next to the plan: `python -m ci.gpu.summary [results folder]` prints one row per run.
 
 The plan is computed again with today's `helpers.plan` for each run's configuration (the model's
 architecture rebuilt from the recorded sizes), so a correction of the plan shows against the old runs.
@@ -14,8 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from helpers.plan import ALLOCATOR_RESERVE, CUDA_OVERHEAD, NCCL_BUFFERS  # noqa: E402
+from helpers.plan import ALLOCATOR_RESERVE, CUDA_OVERHEAD, NCCL_BUFFERS
 
 GiB = 2**30
 NOTEBOOKS = ("llama_fsdp", "dolly_lightning_fsdp", "gpt2_deepspeed", "glue_text_classification")
@@ -37,9 +36,8 @@ def _model_folder(notebook: str, result: dict, folder: str) -> str:
 
 def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
     """The plan today's code makes for the configuration `run` recorded."""
-    from common import parameter_defaults
-
     import helpers
+    from ci.gpu.common import parameter_defaults
 
     one_gpu = {"NUM_WORKERS": 1, "USE_GPU": True, "CLUSTER": {"p5.48xlarge": 1}, "MODEL_NAME": folder}
     if notebook == "llama_fsdp":
@@ -68,7 +66,7 @@ def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
 
 def _zero_memory_as_run(result: dict) -> dict:
     """zero_memory.py's result as gpt2.py's: the peaks after the engine's set-up (gpt2.py resets them there)."""
-    from common import parameter_defaults
+    from ci.gpu.common import parameter_defaults
 
     zero = result["ds_config"]["zero_optimization"]
     offload = "none"

@@ -1,6 +1,6 @@
 """Where a ZeRO step's peak tensor memory sits, by phase: the GPT-2 notebook's own DeepSpeed engine.
 
-    python ci/gpu/zero_memory.py STAGE [--offload OFFLOAD] [--out DIR] [--zero KEY=INT ...]
+    python -m ci.gpu.zero_memory STAGE [--offload OFFLOAD] [--out DIR] [--zero KEY=INT ...]
     torchrun --nproc-per-node 2 ci/gpu/zero_memory.py 3    # two ranks (on CPU: gloo)
 
 GPT-2 124M (random weights), 512 tokens, bf16. `--zero` sets `zero_optimization` keys over the notebook's
@@ -27,12 +27,10 @@ import gzip
 import os
 import pickle
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "ci" / "gpu")]
 for var, value in dict(
     MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
 ).items():
@@ -41,7 +39,11 @@ for var, value in dict(
 
 def main(stage: int, offload: str, out: str | None, zero: dict | None = None) -> None:
     import torch
-    from common import (
+    from torch.profiler import ProfilerActivity, profile, record_function
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import helpers.checks
+    from ci.gpu.common import (
         environment,
         lesson_cells,
         lesson_namespace,
@@ -50,10 +52,6 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
         slug,
         write_result,
     )
-    from torch.profiler import ProfilerActivity, profile, record_function
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    import helpers.checks
 
     cuda = torch.cuda.is_available()
     folder = tempfile.mkdtemp(prefix="zero-memory-")

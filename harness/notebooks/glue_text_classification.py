@@ -3,8 +3,52 @@
 from __future__ import annotations
 
 import json
+import math
 
-from . import section_run
+from helpers.validate import ParameterError, check_choice, check_int
+
+from . import check_common, run_settings, section_run
+
+# These two checkpoints would load at any world size (DDP's is whole; Dolly's sharded one goes through DCP);
+# what ties them to NUM_WORKERS is how the data is fed.
+ELASTIC_REFUSED = (
+    "its checkpoint would load on any number of workers, but the Trainer's steps "
+    "per epoch are counted for NUM_WORKERS workers (a Ray Data shard has no length), and after a resume the "
+    "Trainer finds its place by skipping batches of its own shard: on fewer workers the global batch and "
+    "that place would change. The Llama notebook shows a loop that keeps both"
+)
+plan_recipe = None  # the models fit any GPU
+
+# Its smoke run's time budget in the tests (nbval, JupyterLab): see tests/notebook_runs.py.
+SMOKE_BUDGET_S = 400  # 298 s beside other work on the AVX2 machine
+
+
+def check(p: dict) -> None:
+    """The parameters cell's values `p`, by this notebook's rules; a ParameterError names the first bad one."""
+    from helpers.glue import GLUE_TASKS
+
+    check_choice("TASK", p["TASK"], GLUE_TASKS)
+    check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
+    value = p["WEIGHT_DECAY"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ParameterError(f"WEIGHT_DECAY={value!r}: must be a finite number >= 0.")
+    check_common(p)
+
+
+def smoke(namespace: dict) -> dict:
+    """Smoke mode's table: `{parameter: (the full-scale default, the laptop value)}`."""
+    from harness.fixtures import glue_fixture
+    from harness.tiny_models import tiny_model
+
+    return {
+        "MODEL_NAME": ("distilbert-base-uncased", tiny_model("distilbert")),  # 2 layers
+        "GLUE_PATH": ("hf://datasets/nyu-mll/glue", glue_fixture()),  # the Hub's layout
+        "NUM_WORKERS": (1, 2),
+        "CPUS_PER_WORKER": (2, 1),
+        "NUM_EPOCHS": (2, 5),  # 16 steps each
+        "LEARNING_RATE": (2e-5, 2e-3),  # random weights need far bigger steps than fine-tuning
+        **run_settings(21),  # "When a worker dies": its second epoch, after the step-16 checkpoint
+    }
 
 
 def results(ns: dict) -> dict:
