@@ -151,3 +151,15 @@ def test_no_code_edits_sys_path():
     code = [f for f in _project_files() if f.endswith(".py")]
     found = {f: lines for f in code if (lines := edits(ast.parse((ROOT / f).read_text())))}
     assert found == {}, found
+
+
+def test_the_contributors_page_is_short_and_the_measurements_are_data():
+    # docs/testing.md is what a contributor reads; what was measured, when and where is a data file.
+    import csv
+
+    words = len((ROOT / "docs" / "testing.md").read_text().split())
+    assert words <= 1500, words
+    with open(ROOT / "docs" / "measured_times.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["what", "measured", "notes"] and len(rows) > 40
+    assert all(len(row) == 3 and row[0] and row[1] for row in rows[1:])
