@@ -294,16 +294,21 @@ def _generated_tables(app, docname: str, source: list[str]) -> None:
 
 
 def _helpers_reference(app, docname: str, source: list[str]) -> None:
-    """Append one autodoc section per `helpers` module to api.md, so a new module is never left out."""
+    """Append one autodoc section per module of `helpers`, then of `harness`, to api.md, so a new module is
+    never left out."""
     if docname != "api":
         return
+    import harness
     import helpers
 
-    for module in sorted(m.name for m in pkgutil.iter_modules(helpers.__path__)):
-        # autodoc writes reStructuredText, which MyST hands over only inside `eval-rst`
-        source[0] += (
-            f"\n## `helpers.{module}`\n\n```{{eval-rst}}\n.. automodule:: helpers.{module}\n   :members:\n```\n"
-        )
+    for package in (helpers, harness):
+        if package is harness:
+            source[0] += "\n## The `harness` package\n\n" + harness.__doc__.split("\n\n")[0] + "\n"
+        for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+            name = f"{package.__name__}.{module}"
+            # autodoc writes reStructuredText, which MyST hands over only inside `eval-rst`
+            level = "##" if package is helpers else "###"
+            source[0] += f"\n{level} `{name}`\n\n```{{eval-rst}}\n.. automodule:: {name}\n   :members:\n```\n"
 
 
 def setup(app):

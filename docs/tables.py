@@ -51,6 +51,8 @@ CLUSTER = {"p4de.24xlarge": 1}  # 8 A100-80GB
 
 
 def techniques() -> str:
+    from dataclasses import replace
+
     from helpers.plan import plan_training
 
     header = "| technique | " + " | ".join(MODELS) + " | taught in |\n|---|" + "---|" * len(MODELS) + "---|\n"
@@ -65,7 +67,7 @@ def techniques() -> str:
                 cluster=CLUSTER,
                 batch_size=1,
                 seq_len=2048,
-                **{**recipe, "activation_checkpointing": True},
+                recipe=replace(recipe, activation_checkpointing=True),
             )
             row = next(r for r in plan.rows if r.where == "per GPU")
             verdict = {"ok": "fits", "close": "fits, close", "too big": "**too big**"}[row.status]
@@ -124,7 +126,7 @@ def troubleshooting() -> str:
     """One section per failure: the message the suite prints (made here by its own checks), and what to do."""
     import helpers
     from helpers.cluster import resource_shortfall
-    from helpers.plan import plan_training
+    from helpers.plan import Recipe, plan_training
     from helpers.storage import check_storage_path
 
     oom = _message(
@@ -135,12 +137,14 @@ def troubleshooting() -> str:
             cluster={"g4dn.4xlarge": 4},
             batch_size=5,
             seq_len=256,
-            activation_checkpointing=True,
-            sharding="fsdp",
-            gather_bytes=2,
-            reduce_bytes=2,
-            fixes=dict(
-                gpu="Set CPU_OFFLOAD=True, more NUM_WORKERS, or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN."
+            recipe=Recipe(
+                activation_checkpointing=True,
+                sharding="fsdp",
+                gather_bytes=2,
+                reduce_bytes=2,
+                fixes=dict(
+                    gpu="Set CPU_OFFLOAD=True, more NUM_WORKERS, or lower BATCH_SIZE_PER_WORKER or MAX_SEQ_LEN."
+                ),
             ),
         ).check()
     )

@@ -1,5 +1,8 @@
-"""The suite's run machinery, which a learner never needs to read: smoke mode (tiny local models, fixture
-data, their cache and each notebook's smoke values), the run log, the results contract, one module per
-notebook of what the suite must know of it (`harness.notebooks`), and bf16 matrix products on CPUs without
-bf16 instructions. The notebooks call `helpers`, which uses these.
+"""The suite's run machinery, which a learner never needs to read: the observers that watch a run from
+outside (progress lines, a planned failure, MLflow tracking, the run log, results), smoke mode (tiny local
+models, fixture data and their cache), one module per notebook of what the suite must know of it
+(`harness.notebooks`), and bf16 matrix products on CPUs without bf16 instructions.
+
+The notebooks call `helpers`, which re-exports the names they use from here (`helpers.watch`,
+`helpers.show_run`, `helpers.save_results`).
 """

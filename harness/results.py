@@ -77,7 +77,7 @@ def write_results(path: str, **results) -> dict | None:
     broken run cannot write a results file that looks fine.
 
     With `mlflow_run_id`, it then ends that MLflow run, path or not: the results' numbers, the checkpoint's
-    URI and the kill go into the run, and the run is marked finished (`helpers.tracking.finish_run`); the
+    URI and the kill go into the run, and the run is marked finished (`harness.tracking.finish_run`); the
     results then say where the run is (`mlflow`: tracking URI, experiment, the run's page on a server).
     The file is written first: a tracking server that does not answer (within about 20 s) costs the run
     its summary in MLflow, with one line saying so, never its results.
@@ -97,7 +97,7 @@ def write_results(path: str, **results) -> dict | None:
 def _end_mlflow_run(results: dict, path: str) -> dict:
     """`results` with `mlflow` (where the run is) once its MLflow run is ended with them; as they were, with
     one line printed, where the tracking server does not answer in time."""
-    from helpers.tracking import best_effort, finish_run
+    from harness.tracking import best_effort, finish_run
 
     where = best_effort(
         lambda: finish_run(results["mlflow_run_id"], results),

@@ -1,6 +1,6 @@
 """A worker killed for real, and what a person reads while a run trains: a line per logging interval.
 
-Used through `helpers.watch` and the observers (`helpers.observe`: `RunLog.log`, `kill_if_due`), by the
+Used through `helpers.watch` and the observers (`harness.observe`: `RunLog.log`, `kill_if_due`), by the
 training cells (`show_progress`) and by the sections "When a worker dies" (`RunLog.kill_summary`).
 
 When a worker process dies, its whole worker group goes with it: everything the workers held in
@@ -60,7 +60,7 @@ class RunLog:
         self._tracked_evaluations = 0  # the same, for `track`
         self.evaluations: dict[int, dict] = {}  # step -> an evaluation's numbers (a replay's replace them)
         if mlflow_run_id:
-            from helpers.tracking import BackgroundLogger
+            from harness.tracking import BackgroundLogger
 
             self._tracker = BackgroundLogger(mlflow_run_id, self.lines.append)
 

@@ -1,23 +1,24 @@
-"""What the notebooks call: set-up, parameter checks, the observers that watch a run, storage for
-checkpoints and results, the "Will it fit?" planner, plots and MLflow tracking.
+"""What the notebooks call: set-up, parameter checks, storage for checkpoints and results, FSDP and
+ZeRO pieces, the "Will it fit?" planner and plots.
 
 The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) stay in the
 notebooks; this package holds only set-up a learner should not have to wade through. The names below
 are the ones the notebooks call; everything else lives in its module (`helpers.storage`,
-`helpers.plan`, ...). The run machinery behind them (smoke mode, the run log, the results contract) is
-the `harness` package.
+`helpers.plan`, ...). The observers that watch a run from outside (progress, a planned failure, MLflow
+tracking, results) and smoke mode are the `harness` package; the names the notebooks call from it
+(`watch`, the observers, `show_run`, `save_results`) are here too.
 """
 
+from harness.observe import Observer, lightning_observer, trainer_observer, watch
 from harness.results import save_results, write_results
+from harness.tracking import show_run
 
 from . import (
     checks,
     cluster,
     fsdp,
-    observe,
     plan,
     storage,
-    tracking,
     zero_checkpoint,
 )
 from .cluster import gpus_for_one_task
@@ -26,16 +27,14 @@ from .glue import GLUE_TASKS
 from .memory import PeakRSS
 from .metrics import GlueMetric
 from .notebook import set_up
-from .observe import Observer, lightning_observer, trainer_observer, watch
 from .plots import plot_losses
 from .smoke import parameter_values
 from .validate import ParameterError, choose_attention
 from .zero_checkpoint import zero_checkpoint_folder
 
 __all__ = [
-    # modules: the notebooks name checks, cluster, fsdp, plan, storage and tracking
+    # modules: the notebooks name checks, cluster, fsdp, plan and storage
     "cluster",
-    "observe",
     "zero_checkpoint",
     # what the notebooks call
     "GLUE_TASKS",
@@ -54,8 +53,8 @@ __all__ = [
     "run_cost",
     "save_results",
     "set_up",
+    "show_run",
     "storage",
-    "tracking",
     "trainer_observer",
     "watch",
     "write_results",

@@ -9,7 +9,7 @@ Used by the "Set up" cell of every notebook:
   downloaded and no GPU is requested before it has passed.
 - `check_cluster(notebook, globals())`, after `helpers.cluster.start_ray`: the Ray cluster can run the workers
   at all (`fit()` would otherwise wait forever), every node can write to `STORAGE_PATH` (the workers
-  write the checkpoints), every worker can reach the MLflow store (`helpers.tracking`), and, for Llama,
+  write the checkpoints), every worker can reach the MLflow store (`harness.tracking`), and, for Llama,
   every node has the weights before the first collective's timeout starts.
 
 Each notebook's own rules are in its module of `harness.notebooks`, not in the notebook, so that the
@@ -190,7 +190,7 @@ def plan_for(notebook: str, p: dict, title: str | None = None):
         cluster=p["CLUSTER"] if p["USE_GPU"] else None,  # None: this machine's CPU workers
         batch_size=p["BATCH_SIZE_PER_WORKER"],
         seq_len=p["MAX_SEQ_LEN"],
-        **recipe(p),
+        recipe=recipe(p),
     )
     plan.choices.update(choices)
     return plan
@@ -280,7 +280,7 @@ def check_parameters(notebook: str, namespace: dict):
     else:
         check_max_positions("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], p["MODEL_NAME"])
         check_source_available("DATASET_NAME", p["DATASET_NAME"], "dataset")
-    from .tracking import check_tracking
+    from harness.tracking import check_tracking
 
     check_tracking()  # last: the checks above need no MLflow
     model = p["MODEL_NAME"].rstrip("/").split("/")[-1]
@@ -295,6 +295,8 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     checkpoints, and (with the Set up cell's `plan` in `namespace`) does every node have the local disk
     for the files the plan puts there? For Llama, each node also fetches the weights now
     (`prefetch_model_on_nodes`)."""
+    from harness.tracking import check_tracking_from_nodes, tracking_uri
+
     from .cluster import (
         check_gpus_match_cluster,
         check_local_disk_on_nodes,
@@ -303,7 +305,6 @@ def check_cluster(notebook: str, namespace: dict) -> None:
         prefetch_model_on_nodes,
     )
     from .plan import Plan
-    from .tracking import check_tracking_from_nodes, tracking_uri
 
     _notebook(notebook)  # a known notebook
     p = namespace

@@ -279,7 +279,7 @@ def job_runtime_env(attach: bool) -> dict:
       settings (`HUB_ENV_VARS`), and its collective communication settings (`NCCL_*`, `TORCH_NCCL_*`, and
       libfabric's `FI_*` for EFA instances): set in the notebook, they would otherwise reach no worker on
       another node.
-    - MLflow's: where runs are tracked (`MLFLOW_TRACKING_URI`, `helpers.tracking`) and its telemetry off.
+    - MLflow's: where runs are tracked (`MLFLOW_TRACKING_URI`, `harness.tracking`) and its telemetry off.
     - `worker_process_setup_hook`: the collector's `GC_THRESHOLD` in each worker process and, where the
       driver has a Hub token (`HF_TOKEN`) or a tracking server's credentials (`MLFLOW_TRACKING_TOKEN`, ...),
       those, so that they are in no log and no job table (see `HUB_TOKEN_VARS`).
@@ -288,8 +288,7 @@ def job_runtime_env(attach: bool) -> dict:
     """
     import harness
     import helpers
-
-    from .tracking import OFFLINE_ENV, TRACKING_ENV_VARS, TRACKING_SECRET_VARS
+    from harness.tracking import OFFLINE_ENV, TRACKING_ENV_VARS, TRACKING_SECRET_VARS
 
     passed = (*HUB_ENV_VARS, *TRACKING_ENV_VARS)
     env_vars = {**WORKER_ENV, **OFFLINE_ENV, **{v: os.environ[v] for v in passed if v in os.environ}}
@@ -340,8 +339,7 @@ def start_ray(
     import ray
 
     from harness.cache import cache_dir
-
-    from .tracking import configure as configure_tracking
+    from harness.tracking import configure as configure_tracking
 
     found = None if os.environ.get("RAY_ADDRESS") else _cluster_ray_finds()
     if found:  # from here on (checks, jobs) the cluster it is, as with RAY_ADDRESS

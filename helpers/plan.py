@@ -386,60 +386,70 @@ def _zero_model_states(size: _ModelSize, stage: int, gpus_per_node: int, nodes: 
     return int(gpu), int(cpu)
 
 
-def plan_training(
-    *,
-    title: str,
-    model_name: str,
-    num_workers: int,
-    cluster: dict[str, int] | None,
-    batch_size: int,
-    seq_len: int,
-    activation_checkpointing: bool,
-    sharding: str,
-    gather_bytes: int,
-    offload: str = "none",
-    loading: str = "every rank",
-    checkpoint: str = "staged",
-    export_bytes: int = 0,
-    num_to_keep: int = 1,
-    vocab_size: int | None = None,
-    foreach_optimizer: bool = True,
-    separate_embeddings: bool = False,
-    no_shard_alone: bool = False,
-    reduce_bytes: int = 4,
-    lora_rank: int = 0,
-    lora_token_rows: int = 0,
-    lora_merged: bool = False,
-    collective_timeout_s: int | None = None,
-    fixes: dict[str, str],
-) -> Plan:
-    """Plan a run. `cluster`: {node type: count} of `NODE_TYPES`, or None for this machine's CPU workers.
+@dataclass(frozen=True)
+class Recipe:
+    """How a notebook trains, as the plan sees it: each notebook module's `plan_recipe` returns one.
 
-    sharding: "fsdp" or "zero0" ... "zero3". gather_bytes: bytes per element FSDP gathers the weights
-    in (2 for 16-bit mixed precision: Lightning's "16-mixed" and "bf16-mixed", a bf16
-    MixedPrecisionPolicy; 4 for "32-true"). offload: "none",
-    "optimizer" or "optimizer+params". loading: "every rank" loads the full fp32 model, "rank 0" only
-    rank 0 (the others build on `meta`). checkpoint: "staged" (each rank writes a local folder that Ray
-    uploads) or "streamed" (written straight to storage). export_bytes: bytes per element of a
-    consolidated model rank 0 writes at the end (0: none). foreach_optimizer: AdamW's default
-    implementation (see the module doc). separate_embeddings: FSDP wraps the embeddings and the head
-    as units of their own (see the module doc). no_shard_alone: FSDP1, which runs a single worker as
-    `NO_SHARD`: with CPU offload the whole model's 16-bit weights and gradients are then on its GPU at the
-    peak (measured on an H200: ci/gpu/results). reduce_bytes: bytes per element
-    of the dtype FSDP reduce-scatters gradients in (4: `reduce_dtype=float32`). lora_rank: > 0 trains LoRA
-    adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP only; see the module doc);
-    lora_token_rows: and that many rows of the embeddings and of the head (new tokens'); lora_merged: it
-    also exports the base with the adapters merged in. collective_timeout_s: the process group's timeout,
-    within a share of which a streamed checkpoint must be written (`helpers.storage.COLLECTIVE_SHARE`).
-    fixes: what to suggest, per row kind: "gpu", "host", "disk".
+    Args:
+        activation_checkpointing: layers recompute their activations in the backward pass.
+        sharding: "fsdp" or "zero0" ... "zero3".
+        gather_bytes: bytes per element FSDP gathers the weights in (2 for 16-bit mixed precision:
+            Lightning's "16-mixed" and "bf16-mixed", a bf16 `MixedPrecisionPolicy`; 4 for "32-true").
+        fixes: what to suggest, per row kind: "gpu", "host", "disk".
+        offload: "none", "optimizer" or "optimizer+params".
+        loading: "every rank" loads the full fp32 model, "rank 0" only rank 0 (the others build on `meta`).
+        checkpoint: "staged" (each rank writes a local folder that Ray uploads) or "streamed" (written
+            straight to storage).
+        export_bytes: bytes per element of a consolidated model rank 0 writes at the end (0: none).
+        num_to_keep: checkpoints kept in storage.
+        vocab_size: the vocabulary after new tokens are added (None: the config's).
+        foreach_optimizer: AdamW's default implementation (see the module doc).
+        separate_embeddings: FSDP wraps the embeddings and the head as units of their own.
+        no_shard_alone: FSDP1, which runs a single worker as `NO_SHARD`: with CPU offload the whole
+            model's 16-bit weights and gradients are then on its GPU at the peak (measured on an H200).
+        reduce_bytes: bytes per element of the dtype FSDP reduce-scatters gradients in (4: float32).
+        lora_rank: > 0 trains LoRA adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP
+            only; see the module doc).
+        lora_token_rows: and that many rows of the embeddings and of the head (new tokens').
+        lora_merged: it also exports the base with the adapters merged in.
+        collective_timeout_s: the process group's timeout, within a share of which a streamed checkpoint
+            must be written (`helpers.storage.COLLECTIVE_SHARE`).
     """
+
+    activation_checkpointing: bool
+    sharding: str
+    gather_bytes: int
+    fixes: dict[str, str]
+    offload: str = "none"
+    loading: str = "every rank"
+    checkpoint: str = "staged"
+    export_bytes: int = 0
+    num_to_keep: int = 1
+    vocab_size: int | None = None
+    foreach_optimizer: bool = True
+    separate_embeddings: bool = False
+    no_shard_alone: bool = False
+    reduce_bytes: int = 4
+    lora_rank: int = 0
+    lora_token_rows: int = 0
+    lora_merged: bool = False
+    collective_timeout_s: int | None = None
+
+
+def plan_training(
+    *, title: str, model_name: str, num_workers: int, cluster: dict[str, int] | None, batch_size: int, seq_len: int,
+    recipe: Recipe,
+) -> Plan:  # fmt: skip
+    """Plan a run of `recipe` for `model_name` on `num_workers` workers of `batch_size` sequences of
+    `seq_len` tokens. `cluster`: {node type: count} of `NODE_TYPES`, or None for this machine's CPU workers."""
+    r = recipe
     config = model_config(model_name)
     size = model_size(config)
-    if vocab_size:  # rows added for new tokens (Llama's chat tokens)
-        extra = (vocab_size - size.vocab) * size.hidden * 2
+    if r.vocab_size:  # rows added for new tokens (Llama's chat tokens)
+        extra = (r.vocab_size - size.vocab) * size.hidden * 2
         size = replace(size, params=size.params + extra, root=size.root + extra)
-    lora = _lora_size(config, lora_rank, lora_token_rows) if lora_rank else None
-    if lora and sharding != "fsdp":
+    lora = _lora_size(config, r.lora_rank, r.lora_token_rows) if r.lora_rank else None
+    if lora and r.sharding != "fsdp":
         raise ValueError("lora_rank needs sharding='fsdp'")
     run = _Run(
         size=size, n=num_workers, lora=lora, stored=_stored_bytes(config), **_placement(cluster, num_workers)
@@ -448,19 +458,15 @@ def plan_training(
     if lora:
         details["lora_params"] = lora.params
     act_bytes = 2 if run.on_gpu else 4
-    kept, recomputed = _activations(size, batch_size, seq_len, act_bytes, activation_checkpointing)
+    kept, recomputed = _activations(size, batch_size, seq_len, act_bytes, r.activation_checkpointing)
     activations = kept + recomputed
     logits = batch_size * seq_len * size.vocab * 12  # the loss's fp32 log-probabilities and two gradients
     # The loss's backward frees the logits' gradients before the first layer is recomputed.
     backward_peak = kept + max(recomputed, logits)
-    if sharding == "fsdp":
-        device, host, model_terms = _fsdp_device(
-            run, backward_peak, gather_bytes, reduce_bytes, offload, foreach_optimizer,
-            separate_embeddings, no_shard_alone, details,
-        )  # fmt: skip
+    if r.sharding == "fsdp":
+        device, host, model_terms = _fsdp_device(run, backward_peak, r, details)
     else:
-        device, host, model_terms = _zero_device(run, int(sharding.removeprefix("zero")), backward_peak,
-                                                 gather_bytes, offload, details)  # fmt: skip
+        device, host, model_terms = _zero_device(run, backward_peak, r, details)
     if run.on_gpu:
         reserve = int(device * ALLOCATOR_RESERVE) + CUDA_OVERHEAD + NCCL_BUFFERS
         device += reserve
@@ -474,15 +480,13 @@ def plan_training(
             run.where_device,
             device,
             run.device_have or None,
-            fixes.get("gpu", ""),
+            r.fixes.get("gpu", ""),
             model_terms,
         ),  # fmt: skip
-        *_host_and_disk_rows(
-            run, host, sharding, loading, checkpoint, export_bytes, num_to_keep, lora_merged, fixes, details
-        ),  # fmt: skip
+        *_host_and_disk_rows(run, host, r, details),
     ]
-    if checkpoint == "streamed":  # the ranks' own writes, which the collective timeout bounds: their time
-        rows[-1].terms += _checkpoint_time(run, collective_timeout_s, details)
+    if r.checkpoint == "streamed":  # the ranks' own writes, which the collective timeout bounds: their time
+        rows[-1].terms += _checkpoint_time(run, r.collective_timeout_s, details)
     return Plan(title, rows, details)
 
 
@@ -573,17 +577,12 @@ def _placement(cluster: dict[str, int] | None, n: int) -> dict:
 
 
 def _fsdp_device(
-    run: _Run,
-    activations_and_logits: int,
-    gather_bytes: int,
-    reduce_bytes: int,
-    offload: str,
-    foreach_optimizer: bool,
-    separate_embeddings: bool,
-    no_shard_alone: bool,
-    details: dict,
+    run: _Run, activations_and_logits: int, recipe: Recipe, details: dict
 ) -> tuple[int, int, str]:
     """FSDP's bytes per worker's device, the host RAM its offload takes per node, and the terms."""
+    gather_bytes, reduce_bytes, offload = recipe.gather_bytes, recipe.reduce_bytes, recipe.offload
+    foreach_optimizer, separate_embeddings = recipe.foreach_optimizer, recipe.separate_embeddings
+    no_shard_alone = recipe.no_shard_alone
     size, lora, n, p = run.size, run.lora, run.n, run.size.params
     # What is trained: the whole model, or (LoRA) the adapters over a frozen bf16 base.
     trained, trained_layer = (lora.params, lora.largest_layer) if lora else (p, size.largest_layer)
@@ -625,11 +624,16 @@ def _fsdp_device(
 
 
 def _zero_device(
-    run: _Run, stage: int, activations_and_logits: int, gather_bytes: int, offload: str, details: dict
+    run: _Run, activations_and_logits: int, recipe: Recipe, details: dict
 ) -> tuple[int, int, str]:
     """DeepSpeed ZeRO's bytes per worker's device (its own estimator), the host RAM an offload takes, and
     the terms."""
     p, n = run.size.params, run.n
+    stage, gather_bytes, offload = (
+        int(recipe.sharding.removeprefix("zero")),
+        recipe.gather_bytes,
+        recipe.offload,
+    )
     if stage == 0:  # plain data parallel: DeepSpeed's count, nothing partitioned
         states, cpu = 18 * p, 0
     else:
@@ -668,11 +672,11 @@ def _zero_device(
     return states + kept + activations_and_logits, cpu if offload != "none" else 0, terms
 
 
-def _host_and_disk_bytes(
-    run: _Run, sharding: str, loading: str, checkpoint: str, export_bytes: int, lora_merged: bool
-) -> dict[str, int]:
+def _host_and_disk_bytes(run: _Run, recipe: Recipe) -> dict[str, int]:
     """The bytes of `_host_and_disk_rows`: per node while loading, at a checkpoint, to consolidate; on local
     disk; in storage per checkpoint."""
+    sharding, loading, checkpoint = recipe.sharding, recipe.loading, recipe.checkpoint
+    export_bytes, lora_merged = recipe.export_bytes, recipe.lora_merged
     from .storage import STREAM_FILE_BYTES, STREAMS
 
     size, lora, n, per_node, stored, p = run.size, run.lora, run.n, run.per_node, run.stored, run.size.params
@@ -708,10 +712,14 @@ def _host_and_disk_bytes(
     )  # fmt: skip
 
 
-def _host_and_disk_terms(
-    run: _Run, b: dict[str, int], sharding: str, loading: str, checkpoint: str, export_bytes: int
-) -> tuple[str, str, str]:
+def _host_and_disk_terms(run: _Run, b: dict[str, int], recipe: Recipe) -> tuple[str, str, str]:
     """How `_host_and_disk_rows` arrives at its loading, checkpoint and disk figures, in words."""
+    sharding, loading, checkpoint, export_bytes = (
+        recipe.sharding,
+        recipe.loading,
+        recipe.checkpoint,
+        recipe.export_bytes,
+    )
     from .storage import STREAM_FILE_BYTES, STREAMS
 
     lora, n, per_node, stored = run.lora, run.n, run.per_node, run.stored
@@ -741,22 +749,14 @@ def _host_and_disk_terms(
     return load_terms, ckpt_terms, disk_terms
 
 
-def _host_and_disk_rows(
-    run: _Run,
-    host: int,
-    sharding: str,
-    loading: str,
-    checkpoint: str,
-    export_bytes: int,
-    num_to_keep: int,
-    lora_merged: bool,
-    fixes: dict[str, str],
-    details: dict,
-) -> list[_Row]:
+def _host_and_disk_rows(run: _Run, host: int, recipe: Recipe, details: dict) -> list[_Row]:
     """The rows after the device's: host RAM while loading, at a checkpoint and to consolidate (per node),
     local disk, and the checkpoints in storage."""
 
-    b = _host_and_disk_bytes(run, sharding, loading, checkpoint, export_bytes, lora_merged)
+    export_bytes, num_to_keep, lora_merged, fixes = (
+        recipe.export_bytes, recipe.num_to_keep, recipe.lora_merged, recipe.fixes
+    )  # fmt: skip
+    b = _host_and_disk_bytes(run, recipe)
     details.update(
         load_bytes_rank0=b["load_rank0"],
         checkpoint_bytes=b["checkpoint"],
@@ -765,9 +765,7 @@ def _host_and_disk_rows(
         temp_file_bytes=b["temp"],
     )
     lora, stored, node = run.lora, run.stored, run.node
-    load_terms, ckpt_terms, disk_terms = _host_and_disk_terms(
-        run, b, sharding, loading, checkpoint, export_bytes
-    )
+    load_terms, ckpt_terms, disk_terms = _host_and_disk_terms(run, b, recipe)
     host_fix = fixes.get("host", "")
     # What training already keeps in host RAM (offloaded shards and optimizer step, or CPU workers' all)
     # comes on top of each host row.

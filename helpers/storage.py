@@ -337,30 +337,11 @@ def with_deadline(
                     f"slow for this checkpoint (last: {problem}): raise COLLECTIVE_TIMEOUT_S, or write less "
                     "often to faster storage. This checkpoint is not used."
                 )
-        outcome: dict = {}
-        abandoned = threading.Event()
-
-        def run(outcome=outcome, abandoned=abandoned) -> None:
-            _ABANDONED[threading.get_ident()] = abandoned
-            try:
-                if device is not None:  # DCP's loader takes the current device's stream
-                    import torch
-
-                    torch.cuda.set_device(device)
-                outcome["result"] = work()
-            except BaseException as exc:  # noqa: BLE001 - reported below, then tried again
-                outcome["error"] = exc
-            finally:
-                _ABANDONED.pop(threading.get_ident(), None)
-
-        thread = threading.Thread(target=run, name=f"dcp-{what.rsplit('/', 1)[-1]}", daemon=True)
-        thread.start()
-        thread.join(deadline)
+        outcome = _try_once(work, deadline, device, name=f"dcp-{what.rsplit('/', 1)[-1]}")
         if "result" in outcome:
             if attempt > 1:
                 log.warning("%s: %s on try %d of %d", what, done, attempt, tries)
             return outcome["result"]
-        abandoned.set()
         if "error" in outcome and not isinstance(outcome["error"], OSError):
             raise outcome["error"]  # not the storage: nothing to wait out
         problem = repr(outcome["error"]) if "error" in outcome else f"not done in {deadline:.0f} s"
@@ -379,6 +360,34 @@ def with_deadline(
             "attempt: Ray Train's next one reads it again)."
         )
     )
+
+
+def _try_once(work, deadline: float, device, name: str) -> dict:
+    """`work()` in a thread of its own, on this rank's CUDA `device` (None: none), for at most `deadline`
+    seconds: {"result": ...}, {"error": the exception it raised}, or {} if it was not done by then (it is
+    then abandoned: a stream it writes to is never written or closed again)."""
+    outcome: dict = {}
+    abandoned = threading.Event()
+
+    def run() -> None:
+        _ABANDONED[threading.get_ident()] = abandoned
+        try:
+            if device is not None:  # DCP's loader takes the current device's stream
+                import torch
+
+                torch.cuda.set_device(device)
+            outcome["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller, then tried again
+            outcome["error"] = exc
+        finally:
+            _ABANDONED.pop(threading.get_ident(), None)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if "result" not in outcome:
+        abandoned.set()
+    return outcome
 
 
 def _collective_deadline() -> float | None:

@@ -597,7 +597,8 @@ def test_a_proxy_in_the_shell_never_gets_the_clusters_tokens(ray_cluster):
 def test_a_tracking_credential_the_server_refuses_fails_in_the_first_cells(ray_cluster, monkeypatch):
     # `/health` answers 401 to anyone: a server being up said nothing of the notebook's credential, which
     # then failed at the first `start_run`, in the training cell.
-    from helpers import ParameterError, tracking
+    from harness import tracking
+    from helpers import ParameterError
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", ray_cluster["MLFLOW_TRACKING_URI"])
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", ray_cluster["MLFLOW_TRACKING_TOKEN"])

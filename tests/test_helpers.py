@@ -381,7 +381,7 @@ def test_the_watch_sets_what_each_worker_held_against_the_plan(monkeypatch):
     # only the columns the ranks measured (Lightning's observer measures no gradients: no plan column either).
     import types
 
-    from helpers.observe import Watch
+    from harness.observe import Watch
 
     held = {"param_bytes": 2e6, "optimizer_bytes": 4e6, "grad_bytes": None}
     facts = [{"node_id": "0123456789abcdef", "shard_fraction": 0.5, "state_bytes": held}] * 2

@@ -28,7 +28,7 @@ RANK = 4  # smoke mode's LORA_RANK
 # 152 s of it in the two fits, 64 s in the cells around them). Its budget, twice the slower:
 REPLAY_TOLERANCE = 1e-4
 LORA_BUDGET_S = 450
-# A request to the stopped server waits 10 s when bounded (helpers.tracking.BOUNDED_HTTP), 120 s or more
+# A request to the stopped server waits 10 s when bounded (harness.tracking.BOUNDED_HTTP), 120 s or more
 # when not: neither a step nor the cells around the fits may take that long.
 LORA_STEP_S = 20  # measured: at most 2.7 s a step
 LORA_OUTSIDE_FITS_S = 130  # measured: 64 s

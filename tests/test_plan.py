@@ -6,6 +6,7 @@ What the plan says against what the smoke runs' shards really hold is tested wit
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -84,12 +85,19 @@ LLAMA = dict(
 )
 
 
+def _plan(**kwargs):
+    """plan_training with a run's shape and its recipe's fields as keywords, the recipe's made a Recipe."""
+    fields = {f.name for f in dataclasses.fields(hp.Recipe)}
+    recipe = hp.Recipe(**{k: v for k, v in kwargs.items() if k in fields})
+    return hp.plan_training(**{k: v for k, v in kwargs.items() if k not in fields}, recipe=recipe)
+
+
 def _dolly(**overrides):
-    return hp.plan_training(**{**DOLLY, "fixes": FIXES, **overrides})
+    return _plan(**{**DOLLY, "fixes": FIXES, **overrides})
 
 
 def _llama(**overrides):
-    return hp.plan_training(**{**LLAMA, "fixes": FIXES, **overrides})
+    return _plan(**{**LLAMA, "fixes": FIXES, **overrides})
 
 
 def _row(plan, what):

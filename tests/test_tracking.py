@@ -1,4 +1,4 @@
-"""MLflow tracking (helpers.tracking) without a cluster: the embedded store, one run across restarts, the
+"""MLflow tracking (harness.tracking) without a cluster: the embedded store, one run across restarts, the
 first-cell checks. Each notebook's run on the cluster is read back from the cluster's tracking server by
 notebook_runs.check_tracked_run; the unreachable server is test_bad_input.py's, a notebook as a Ray Job
 test_glue_text_classification.py's."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import helpers
+from harness import tracking
 from harness.run_log import RunLog
-from helpers import tracking
 from helpers.validate import ParameterError
 
 

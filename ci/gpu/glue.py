@@ -147,7 +147,7 @@ def main() -> None:
     steps, batch, cpus = (6, 8, 1) if args.smoke else (20, p["BATCH_SIZE_PER_WORKER"], p["CPUS_PER_WORKER"])
     result_file = str(work / "result.json")
     lesson["prepare_trainer"] = timed(lesson["prepare_trainer"], result_file, batch)
-    watch = helpers.observe.Watch(harness.run_log.run_log(steps, max(1, steps // 4), 0, None), None, 0, steps)
+    watch = harness.observe.Watch(harness.run_log.run_log(steps, max(1, steps // 4), 0, None), None, 0, steps)
     config = {"glue_task": p["glue_task"], "model_name": p["MODEL_NAME"], "batch_size_per_worker": batch}
     config.update(max_steps_per_epoch=steps, num_epochs=1, learning_rate=p["LEARNING_RATE"], seed=42)
     config.update(weight_decay=p["WEIGHT_DECAY"], use_gpu=cuda, watch=watch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from helpers.plan import Recipe
 from helpers.validate import ParameterError, check_choice, check_int, check_positive
 
 from . import check_common, run_settings, section_run
@@ -37,9 +38,10 @@ def check(p: dict) -> None:
     check_common(p, 2 * 4)  # the kill is a step of "When a worker dies"'s own run: 2 epochs of 4 steps
 
 
-def plan_recipe(p: dict) -> dict:
+def plan_recipe(p: dict) -> Recipe:
+    """The recipe as `helpers.plan.plan_training` sees it, for the parameters `p`."""
     compute_bytes = 4 if p["PRECISION"] in ("32-true", "64-true") else 2  # mixed precision: 16-bit
-    return dict(
+    return Recipe(
         activation_checkpointing=True,  # the strategy's activation_checkpointing_policy
         sharding="fsdp",
         gather_bytes=compute_bytes,  # FSDP gathers the weights in the compute dtype

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from helpers.plan import Recipe
 from helpers.validate import ParameterError, check_choice, check_int
 
 from . import check_common, run_settings, section_run
@@ -49,9 +50,9 @@ def check(p: dict) -> None:
     check_common(p, KILL_RUN_STEPS)  # KILL_WORKER_AT_STEP: a step of "When a worker dies"'s own run
 
 
-def plan_recipe(p: dict) -> dict:
+def plan_recipe(p: dict) -> Recipe:
     """The recipe as `helpers.plan.plan_training` sees it, for the parameters `p`."""
-    return dict(
+    return Recipe(
         activation_checkpointing=False,
         sharding=f"zero{p['ZERO_STAGE']}",
         gather_bytes=2,

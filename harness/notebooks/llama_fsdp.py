@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from helpers.plan import Recipe
 from helpers.validate import ParameterError, check_choice, check_int
 
 from . import check_common, held_out_results, run_settings, section_run
@@ -37,9 +38,9 @@ def check_llama(p: dict, kill_steps: int | None = -1) -> None:
     check_common(p, p["MAX_STEPS"] if kill_steps == -1 else kill_steps)
 
 
-def plan_recipe(p: dict) -> dict:
+def plan_recipe(p: dict) -> Recipe:
     """The recipe as `helpers.plan.plan_training` sees it, for the parameters `p`."""
-    return dict(
+    return Recipe(
         activation_checkpointing=p["USE_GRADIENT_CHECKPOINTING"],
         sharding="fsdp",
         gather_bytes=2,  # MixedPrecisionPolicy(param_dtype=bfloat16)

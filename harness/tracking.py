@@ -127,7 +127,7 @@ def tracking_uri() -> str:
 
 
 def _shown(uri: str) -> str:
-    from .storage import redact
+    from helpers.storage import redact
 
     return redact(uri)
 
@@ -144,7 +144,7 @@ def configure() -> str:
 def check_tracking() -> str:
     """Fail now, naming `MLFLOW_TRACKING_URI`, if runs could not be tracked: credentials written into the
     URI, or a tracking server that does not answer within 5 s. Returns the URI (credentials masked)."""
-    from .validate import ParameterError
+    from helpers.validate import ParameterError
 
     uri = tracking_uri()
     shown = _shown(uri)
@@ -216,7 +216,7 @@ def check_tracking_from_nodes() -> None:
     runs on the head node. Fail, naming `MLFLOW_TRACKING_URI`, where it does not."""
     import ray
 
-    from .validate import ParameterError
+    from helpers.validate import ParameterError
 
     uri = tracking_uri()
     if urlparse(uri).scheme not in _LOCAL_SCHEMES:
@@ -250,7 +250,7 @@ def start_run(notebook: str, namespace: dict) -> str:
     notebook's parameters as the run uses them (`helpers.parameter_values`); return its id."""
     from mlflow.entities import Param
 
-    from .smoke import parameter_values
+    from helpers.smoke import parameter_values
 
     client = _client()
     experiment = client.get_experiment_by_name(notebook)
@@ -506,6 +506,6 @@ def ui_command() -> str:
     uri = tracking_uri()
     if urlparse(uri).scheme in ("http", "https"):
         return f"open {_shown(uri)} in a browser"
-    from .storage import shown
+    from helpers.storage import shown
 
     return f"mlflow ui --backend-store-uri {shown(uri, shell=True)}"

@@ -197,7 +197,7 @@ class _Watching:
         """What this rank measured at its attempt's first step, its Ray node, and what it read to resume."""
         import ray
 
-        from .storage import take_last_fetch
+        from helpers.storage import take_last_fetch
 
         self.started = True
         self.facts = {"node_id": ray.get_runtime_context().get_node_id(), **facts}
@@ -281,7 +281,7 @@ class Observer(_Watching):
     def _hook(self) -> None:
         if self.model is None or hasattr(self.model, "zero_optimization_stage"):
             return
-        from .fsdp import frozen_fingerprint
+        from helpers.fsdp import frozen_fingerprint
 
         self.model.register_forward_pre_hook(self._count)
         if self.optimizer is not None:
@@ -293,7 +293,7 @@ class Observer(_Watching):
         self.micro_steps += 1
 
     def _gradients(self, optimizer, args, kwargs) -> None:  # once, before the attempt's first update
-        from .fsdp import gradient_bytes
+        from helpers.fsdp import gradient_bytes
 
         self._pre_step.remove()
         self.grad_bytes = self._safely("measuring the gradients", gradient_bytes, self.model)
@@ -303,9 +303,9 @@ class Observer(_Watching):
         if self.model is not None and "partition_fraction" not in facts:
             import torch
 
-            from .flops import dense_peak_flops
-            from .fsdp import param_shard_fraction
-            from .plan import state_bytes
+            from helpers.flops import dense_peak_flops
+            from helpers.fsdp import param_shard_fraction
+            from helpers.plan import state_bytes
 
             params = list(self.model.parameters())
             total = sum(p.numel() for p in params)  # a DTensor's numel() is the whole parameter's
@@ -343,7 +343,7 @@ class Observer(_Watching):
             facts = self._safely("measuring the model", self._facts) or dict(self.given)
             self._safely("the run log", self._send_facts, facts)
         if self.frozen is not None and step == self.watch.total_steps:
-            from .fsdp import frozen_tensors_changed
+            from helpers.fsdp import frozen_tensors_changed
 
             changed = self._safely(
                 "checking the frozen weights", frozen_tensors_changed, self.model, self.frozen
@@ -363,6 +363,13 @@ class Observer(_Watching):
             self._evaluated(step, {**numbers, "eval_seconds": seconds})
 
 
+def _bytes_read(ckpt_path) -> tuple[int, int] | None:
+    """(bytes read, the checkpoint's bytes) of the checkpoint Lightning resumed from in place (a
+    `helpers.storage.StoredFolder`), or None: no resume, or a path of another kind."""
+    read = getattr(ckpt_path, "bytes_read", None)
+    return None if read is None else (read, ckpt_path.checkpoint_bytes)
+
+
 def lightning_observer(watch: Watch):
     """For Lightning (a `Callback`, given to `pl.Trainer(callbacks=...)`): what `Observer` does, from
     Lightning's hooks. At the attempt's start each rank records its node, its share of the parameters after
@@ -378,7 +385,7 @@ def lightning_observer(watch: Watch):
             self.num_params = sum(p.numel() for p in pl_module.parameters())
 
         def on_train_start(self, trainer, pl_module) -> None:
-            from .fsdp import param_shard_fraction
+            from helpers.fsdp import param_shard_fraction
 
             def facts() -> dict:
                 return {
@@ -386,10 +393,8 @@ def lightning_observer(watch: Watch):
                     "param_dtypes": sorted({str(p.dtype) for p in trainer.model.parameters()}),
                 }
 
-            fetched = None
-            if (read := getattr(trainer.ckpt_path, "bytes_read", None)) is not None:  # resumed, in place
-                fetched = (read, trainer.ckpt_path.checkpoint_bytes)
             measured = self._safely("measuring the model", facts) or {}
+            fetched = _bytes_read(trainer.ckpt_path)
             start = (trainer.global_rank, trainer.world_size, trainer.global_step, measured, fetched)
             self._safely("the run log", self._start, *start)
 
@@ -404,7 +409,7 @@ def lightning_observer(watch: Watch):
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if not self.measured:  # after the first step: what this rank's shards hold, against the plan
-                from .plan import state_bytes
+                from helpers.plan import state_bytes
 
                 self.measured = True
                 held = self._safely("measuring the shards", state_bytes, trainer.model, trainer.optimizers[0])
@@ -456,7 +461,7 @@ def _model_facts(model) -> dict:
     if model is None:
         return {}
     if hasattr(model, "zero_optimization_stage"):  # a DeepSpeed engine
-        from .sharding import zero_partition_fraction, zero_state_bytes
+        from helpers.sharding import zero_partition_fraction, zero_state_bytes
 
         return {"partition_fraction": zero_partition_fraction(model), "state_bytes": zero_state_bytes(model)}
     return {}
