@@ -250,7 +250,7 @@ def start_run(notebook: str, namespace: dict) -> str:
     notebook's parameters as the run uses them (`helpers.parameter_values`); return its id."""
     from mlflow.entities import Param
 
-    from helpers.smoke import parameter_values
+    from helpers.parameters import parameter_values
 
     client = _client()
     experiment = client.get_experiment_by_name(notebook)

@@ -27,8 +27,8 @@ from .glue import GLUE_TASKS
 from .memory import PeakRSS
 from .metrics import GlueMetric
 from .notebook import set_up
+from .parameters import parameter_values
 from .plots import plot_losses
-from .smoke import parameter_values
 from .validate import ParameterError, choose_attention
 from .zero_checkpoint import zero_checkpoint_folder
 

@@ -237,7 +237,7 @@ def _cell(row) -> str:
 
 def full_scale(p: dict) -> dict:
     """`p` with the full-scale defaults smoke mode replaced put back (the parameters cell's values)."""
-    from .smoke import full_scale_defaults
+    from .parameters import full_scale_defaults
 
     return {**p, **full_scale_defaults()}
 
@@ -253,7 +253,7 @@ def check_parameters(notebook: str, namespace: dict):
     last, that MLflow can track the run (`MLFLOW_TRACKING_URI`: a server answers, no credentials in it).
     """
     from .cluster import quiet_deepspeed_on_cpu
-    from .smoke import check_parameter_names
+    from .parameters import check_parameter_names
     from .validate import check_max_positions, check_source_available, hub_offline
 
     check_parameter_names(namespace)

@@ -11,7 +11,7 @@ import gc
 
 from harness import cpu_bf16, results
 
-from . import checks, cluster, smoke
+from . import checks, cluster, parameters
 
 __all__ = ["set_up"]
 
@@ -33,7 +33,7 @@ def set_up(notebook: str, namespace: dict):
     results.start_clock(notebook)
     gc.set_threshold(*cluster.GC_THRESHOLD)  # the imports to come: about a fifth faster (see there)
     if namespace.get("SMOKE_TEST"):
-        namespace.update(smoke.smoke_overrides(namespace, smoke_table(notebook, namespace)))
+        namespace.update(parameters.smoke_overrides(namespace, smoke_table(notebook, namespace)))
         if cpu_bf16.install():  # and in each Ray worker, by the job's setup hook
             print("  This CPU has no bf16 instructions: bf16 matrix products run in fp32, rounded to bf16.")
     plan = checks.check_parameters(notebook, namespace)

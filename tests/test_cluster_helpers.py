@@ -1,4 +1,4 @@
-"""helpers.smoke.smoke_overrides, harness.run_log.RunLog and the storage checks, without a cluster."""
+"""helpers.parameters.smoke_overrides, harness.run_log.RunLog and the storage checks, without a cluster."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_smoke_mode_replaces_defaults_and_keeps_what_was_passed(capsys):
         "USE_GPU": (True, False),
         "LEARNING_RATE": (1.0, 3e-3),  # 1 == 1.0 but an int was passed: kept, never silently re-typed
     }
-    assert helpers.smoke.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2, "USE_GPU": False}
+    assert helpers.parameters.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2, "USE_GPU": False}
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["NUM_WORKERS"] == ["16", "2"]  # parameter, full scale, smoke run
     assert rows["STORAGE_PATH"] == ["'/mnt/cluster_storage/'", "'s3://my-bucket/runs'", "(yours,", "kept)"]
@@ -32,10 +32,10 @@ def test_smoke_mode_replaces_defaults_and_keeps_what_was_passed(capsys):
 
 def test_smoke_mode_keeps_a_default_value_that_papermill_passed(monkeypatch):
     # `-p KILL_WORKER_AT_STEP 0` equals the full-scale default, and still means "no kill, please".
-    monkeypatch.setattr(helpers.smoke, "papermill_parameters", lambda: {"KILL_WORKER_AT_STEP"})
+    monkeypatch.setattr(helpers.parameters, "papermill_parameters", lambda: {"KILL_WORKER_AT_STEP"})
     namespace = {"KILL_WORKER_AT_STEP": 0, "NUM_WORKERS": 16}
     table = {"KILL_WORKER_AT_STEP": (0, 40), "NUM_WORKERS": (16, 2)}
-    assert helpers.smoke.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2}
+    assert helpers.parameters.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2}
 
 
 PARAMETERS_CELL = (
@@ -46,9 +46,9 @@ PARAMETERS_CELL = (
 def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
     # IPython's `In`: the parameters cell, then the cell papermill injects after it.
     injected = "# Parameters\nBATCH_SIZE = 4\nMAX_STEP = 8\nLORA_RANK = 8\nSMOKE_TEST = True\n"
-    monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected])
+    monkeypatch.setattr(helpers.parameters, "_history", lambda: ["", PARAMETERS_CELL, injected])
     with pytest.raises(helpers.ParameterError) as error:
-        helpers.smoke.check_parameter_names({})
+        helpers.parameters.check_parameter_names({})
     message = str(error.value)
     assert "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)" in message  # a renamed parameter
     assert "MAX_STEP (did you mean MAX_STEPS?)" in message  # a misspelt one
@@ -58,10 +58,10 @@ def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
 
 def test_known_names_pass_and_the_results_get_every_parameter(monkeypatch):
     injected = "# Parameters\nMAX_STEPS = 8\nSMOKE_TEST = True\n"
-    monkeypatch.setattr(helpers.smoke, "_history", lambda: ["", PARAMETERS_CELL, injected, "x = 1"])
+    monkeypatch.setattr(helpers.parameters, "_history", lambda: ["", PARAMETERS_CELL, injected, "x = 1"])
     namespace = {"BATCH_SIZE_PER_WORKER": 8, "MAX_STEPS": 8, "SMOKE_TEST": True, "RESULTS_PATH": "", "x": 1}
     names = ["BATCH_SIZE_PER_WORKER", "MAX_STEPS", "SMOKE_TEST", "RESULTS_PATH"]
-    assert helpers.smoke.check_parameter_names(namespace) == names
+    assert helpers.parameters.check_parameter_names(namespace) == names
     assert helpers.parameter_values(namespace) == {
         "BATCH_SIZE_PER_WORKER": 8,
         "MAX_STEPS": 8,
@@ -72,7 +72,7 @@ def test_known_names_pass_and_the_results_get_every_parameter(monkeypatch):
 
 def test_without_a_cell_history_the_parameters_are_the_upper_case_names_so_far(monkeypatch):
     # nbval runs cells without IPython's history: the first cell after the parameters sees only them.
-    monkeypatch.setattr(helpers.smoke, "_history", lambda: [])
+    monkeypatch.setattr(helpers.parameters, "_history", lambda: [])
     namespace = {
         "os": object(),
         "In": [],
@@ -81,7 +81,7 @@ def test_without_a_cell_history_the_parameters_are_the_upper_case_names_so_far(m
         "_": None,
         "SMOKE_TEST": True,
     }
-    assert helpers.smoke.check_parameter_names(namespace) == ["MODEL_NAME", "NUM_WORKERS", "SMOKE_TEST"]
+    assert helpers.parameters.check_parameter_names(namespace) == ["MODEL_NAME", "NUM_WORKERS", "SMOKE_TEST"]
     namespace.update(NUM_WORKERS=4, later=1)
     assert helpers.parameter_values(namespace) == {"MODEL_NAME": "tiny", "NUM_WORKERS": 4, "SMOKE_TEST": True}
 

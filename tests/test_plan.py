@@ -220,9 +220,11 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     # The sharding sections' tables: the full-scale run (the parameters cell's defaults, even after smoke
     # mode replaced them) for 1 worker against 16; a variant that does not fit says so in words.
     import helpers.checks
-    import helpers.smoke
+    import helpers.parameters
 
-    monkeypatch.setattr(helpers.smoke, "_replaced_defaults", {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"})
+    monkeypatch.setattr(
+        helpers.parameters, "_replaced_defaults", {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"}
+    )
     smoke = {**LLAMA_FULL_SCALE, "MODEL_NAME": "/tmp/tiny-llama"}
     full = helpers.checks.full_scale(smoke)
     assert full["MODEL_NAME"] == "meta-llama/Llama-2-70b-chat-hf" and smoke["MODEL_NAME"] == "/tmp/tiny-llama"
@@ -231,7 +233,7 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     )
     gpu = table.loc["training (A100-80GB GPU) (per GPU)"]
     assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "83.0 GB (98%, close)"
-    monkeypatch.setattr(helpers.smoke, "_replaced_defaults", {})  # not a smoke run
+    monkeypatch.setattr(helpers.parameters, "_replaced_defaults", {})  # not a smoke run
     zero = helpers.checks.compare_plans(
         "gpt2_deepspeed",
         dict(

@@ -21,7 +21,7 @@ def embedded(tmp_path, monkeypatch):
     """No MLFLOW_TRACKING_URI; the project's cache in a temporary folder."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("LLM_NOTEBOOKS_CACHE", str(tmp_path))
-    monkeypatch.setattr(helpers.smoke, "_names", ["LEARNING_RATE", "SMOKE_TEST", "STORAGE_PATH"])
+    monkeypatch.setattr(helpers.parameters, "_names", ["LEARNING_RATE", "SMOKE_TEST", "STORAGE_PATH"])
     return tmp_path
 
 

@@ -42,7 +42,7 @@ def notebook(name: str) -> ModuleType:
 
 def smoke_table(name: str, namespace: dict) -> dict[str, tuple]:
     """The notebook's smoke table for its parameters as they are in `namespace` (its globals): builds the
-    tiny model and the fixtures (cached after the first time). `helpers.smoke.smoke_overrides` replaces
+    tiny model and the fixtures (cached after the first time). `helpers.parameters.smoke_overrides` replaces
     only parameters still at their full-scale default, and prints what it replaced."""
     return notebook(name).smoke(namespace)
 
@@ -104,7 +104,7 @@ def check_cpus_per_worker(p: dict) -> None:
 
 def collect(name: str, ns: dict) -> dict:
     """The notebook `name`'s results from its globals: the keys every notebook promises, then its own."""
-    from helpers.smoke import parameter_values
+    from helpers.parameters import parameter_values
 
     return {
         "notebook": name,
@@ -132,7 +132,7 @@ def section_run(
     `watch` and `result`: "When a worker dies"'s by default), as results; None where the section did not
     train. Its losses, worker groups, the kill and where it resumed, its checkpoint and MLflow run: the keys
     of a notebook's results, so the same checks read both."""
-    from helpers.smoke import parameter_values
+    from helpers.parameters import parameter_values
     from helpers.storage import uri
 
     if watch not in ns or result not in ns:
