@@ -8,60 +8,10 @@ without weights) and the run's parameters it works out, per GPU, per node and in
 run needs, compares that with the cluster, prints one table and refuses where the run cannot fit,
 naming the parameters to change.
 
-The real models' configs ship in `helpers/architectures/` (a few KB of JSON, the Hub's `config.json`
-architecture fields), so the full-scale plan is computed offline, on a laptop.
-
-Where the figures come from (bytes per parameter P, N workers sharing the model):
-
-- Sharded model states, AdamW with fp32 master weights: 4 (weights) + 4 (gradients) + 8 (the two
-  moments) = 16 P / N per GPU for FSDP; for DeepSpeed ZeRO, DeepSpeed's own estimators
-  (`estimate_zero2/3_model_states_mem_needs`), which also count ZeRO's 16-bit copy of the weights.
-  `tests/test_plan.py` checks the FSDP figure against DeepSpeed's ZeRO-3 estimate.
-- While a layer runs FSDP holds its full weights: the largest layer, twice (the next one is prefetched),
-  in the dtype FSDP gathers in. In the backward pass it also holds the layer's full gradients in that
-  dtype and their copy in `reduce_dtype` for the reduce-scatter: 2 + 4 = 6 bytes per parameter of the
-  layer with bf16 compute and an fp32 reduction, 2 + 2 with a bf16 one (the Llama notebook's, and the
-  `accelerate` default the Hugging Face post ran). The root unit (embeddings, final norm, head) stays
-  gathered for the whole step, and its gradients stay whole until the end of the backward pass; where the
-  embeddings and the head are FSDP units of their own (`separate_embeddings`), only one of them is
-  gathered at a time and its gradients are reduce-scattered at once.
-- Activations per layer: b s h (34 + 5 a s / h) bytes in 16-bit (Korthikanti et al. 2022, "Reducing
-  activation recomputation in large transformer models"); without the attention-scores term for
-  sdpa/FlashAttention, which never store them. With activation checkpointing only each layer's
-  input (2 b s h bytes) is kept, plus one layer's activations during its recomputation, which comes
-  after the loss's backward pass has freed the logits' gradients: the larger of the two counts. GPT-2's
-  `gelu_new`, a chain of eager operations, keeps three more tensors of the MLP's width per layer. The
-  logits add b s V 12 bytes at the loss's backward: the fp32 log-probabilities it saved, their gradient
-  and the logits' gradient (CUDA's allocator history on an H100, for GPT-2 and for Llama with LoRA; the
-  16-bit logits and their fp32 copy are freed by then).
-- The optimizer step runs after the backward pass has freed the activations: torch's default
-  ("foreach") AdamW allocates a temporary the size of the weights it updates (4 P / N), the for-loop
-  one (`foreach=False`) only one tensor's worth. The per-GPU peak is the larger of the two phases.
-- DeepSpeed ZeRO-1/2 also allocates its gradient reduction buckets in the backward pass:
-  `reduce_bucket_size` elements in the 16-bit dtype, twice with `overlap_comm` (`stage_1_and_2.py`,
-  `setup_buckets`). The GPT-2 notebook's config asks for 5e7 (200 MB in all); DeepSpeed's default, 5e8,
-  would hold 2 GB whatever the model. ZeRO's step, on the GPU, holds the fp32 gradient partition
-  (4 P / N, which DeepSpeed's estimator counts throughout) and torch's default AdamW temporary
-  (4 P / N); ZeRO-3 keeps its 16-bit gradient partition (2 P / N) too. The peak is the larger of the
-  backward pass and the step (measured on an H200, and tensor by tensor with the profiler on CPU).
-  ZeRO-3 with the weights offloaded (`offload_param`) copies them to the GPU as layers run, and from the
-  second step on the copies stayed there through the backward pass: the whole 16-bit model, 2 P bytes
-  (CUDA's allocator history on an H100, GPT-2 124M on one GPU: 249 MB of 1.01 GB at the peak, which is
-  in the backward pass: the step runs on the CPU).
-- A CUDA context (1 GiB), NCCL's buffers (0.5 GiB), and 2 % of the rest for the caching allocator's
-  fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.cluster.start_ray`
-  sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
-  79.2 GiB on an "80 GB" A100 or H100.
-
-LoRA (`lora_rank` > 0, FSDP only): the base model is frozen and kept in bf16, 2 P / N per GPU, with no
-gradients, no moments and no fp32 master copy; the adapters (A, counted by `peft` on the `meta` model,
-new tokens' rows of the embeddings and the head included) are trained as the full model is, 16 A / N. A
-layer is gathered with its adapters; only the adapters have gradients to reduce-scatter; the activations
-are those of full fine-tuning (the frozen weights still pass gradients back to every layer's input).
-Rank 0 loads the base in bf16. A checkpoint holds the adapters and their moments, 12 A.
-
 A row fails when the need exceeds what the node has and warns above 85 %: these are estimates (about
 10 % either way).
+
+Where each figure comes from is in the notes below the imports.
 """
 
 from __future__ import annotations
@@ -75,6 +25,60 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .validate import ParameterError
+
+# ---- Where the figures come from --------------------------------------------------------------------------
+#
+# The real models' configs ship in `helpers/architectures/` (a few KB of JSON, the Hub's `config.json`
+# architecture fields), so the full-scale plan is computed offline, on a laptop.
+#
+# In bytes per parameter P, with N workers sharing the model:
+#
+# - Sharded model states, AdamW with fp32 master weights: 4 (weights) + 4 (gradients) + 8 (the two
+#   moments) = 16 P / N per GPU for FSDP; for DeepSpeed ZeRO, DeepSpeed's own estimators
+#   (`estimate_zero2/3_model_states_mem_needs`), which also count ZeRO's 16-bit copy of the weights.
+#   `tests/test_plan.py` checks the FSDP figure against DeepSpeed's ZeRO-3 estimate.
+# - While a layer runs FSDP holds its full weights: the largest layer, twice (the next one is prefetched),
+#   in the dtype FSDP gathers in. In the backward pass it also holds the layer's full gradients in that
+#   dtype and their copy in `reduce_dtype` for the reduce-scatter: 2 + 4 = 6 bytes per parameter of the
+#   layer with bf16 compute and an fp32 reduction, 2 + 2 with a bf16 one (the Llama notebook's, and the
+#   `accelerate` default the Hugging Face post ran). The root unit (embeddings, final norm, head) stays
+#   gathered for the whole step, and its gradients stay whole until the end of the backward pass; where the
+#   embeddings and the head are FSDP units of their own (`separate_embeddings`), only one of them is
+#   gathered at a time and its gradients are reduce-scattered at once.
+# - Activations per layer: b s h (34 + 5 a s / h) bytes in 16-bit (Korthikanti et al. 2022, "Reducing
+#   activation recomputation in large transformer models"); without the attention-scores term for
+#   sdpa/FlashAttention, which never store them. With activation checkpointing only each layer's
+#   input (2 b s h bytes) is kept, plus one layer's activations during its recomputation, which comes
+#   after the loss's backward pass has freed the logits' gradients: the larger of the two counts. GPT-2's
+#   `gelu_new`, a chain of eager operations, keeps three more tensors of the MLP's width per layer. The
+#   logits add b s V 12 bytes at the loss's backward: the fp32 log-probabilities it saved, their gradient
+#   and the logits' gradient (CUDA's allocator history on an H100, for GPT-2 and for Llama with LoRA; the
+#   16-bit logits and their fp32 copy are freed by then).
+# - The optimizer step runs after the backward pass has freed the activations: torch's default
+#   ("foreach") AdamW allocates a temporary the size of the weights it updates (4 P / N), the for-loop
+#   one (`foreach=False`) only one tensor's worth. The per-GPU peak is the larger of the two phases.
+# - DeepSpeed ZeRO-1/2 also allocates its gradient reduction buckets in the backward pass:
+#   `reduce_bucket_size` elements in the 16-bit dtype, twice with `overlap_comm` (`stage_1_and_2.py`,
+#   `setup_buckets`). The GPT-2 notebook's config asks for 5e7 (200 MB in all); DeepSpeed's default, 5e8,
+#   would hold 2 GB whatever the model. ZeRO's step, on the GPU, holds the fp32 gradient partition
+#   (4 P / N, which DeepSpeed's estimator counts throughout) and torch's default AdamW temporary
+#   (4 P / N); ZeRO-3 keeps its 16-bit gradient partition (2 P / N) too. The peak is the larger of the
+#   backward pass and the step (measured on an H200, and tensor by tensor with the profiler on CPU).
+#   ZeRO-3 with the weights offloaded (`offload_param`) copies them to the GPU as layers run, and from the
+#   second step on the copies stayed there through the backward pass: the whole 16-bit model, 2 P bytes
+#   (CUDA's allocator history on an H100, GPT-2 124M on one GPU: 249 MB of 1.01 GB at the peak, which is
+#   in the backward pass: the step runs on the CPU).
+# - A CUDA context (1 GiB), NCCL's buffers (0.5 GiB), and 2 % of the rest for the caching allocator's
+#   fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.cluster.start_ray`
+#   sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
+#   79.2 GiB on an "80 GB" A100 or H100.
+#
+# LoRA (`lora_rank` > 0, FSDP only): the base model is frozen and kept in bf16, 2 P / N per GPU, with no
+# gradients, no moments and no fp32 master copy; the adapters (A, counted by `peft` on the `meta` model,
+# new tokens' rows of the embeddings and the head included) are trained as the full model is, 16 A / N. A
+# layer is gathered with its adapters; only the adapters have gradients to reduce-scatter; the activations
+# are those of full fine-tuning (the frozen weights still pass gradients back to every layer's input).
+# Rank 0 loads the base in bf16. A checkpoint holds the adapters and their moments, 12 A.
 
 __all__ = [
     "NODE_TYPES",
@@ -403,13 +407,13 @@ class Recipe:
         export_bytes: bytes per element of a consolidated model rank 0 writes at the end (0: none).
         num_to_keep: checkpoints kept in storage.
         vocab_size: the vocabulary after new tokens are added (None: the config's).
-        foreach_optimizer: AdamW's default implementation (see the module doc).
+        foreach_optimizer: AdamW's default implementation (see the notes at the top).
         separate_embeddings: FSDP wraps the embeddings and the head as units of their own.
         no_shard_alone: FSDP1, which runs a single worker as `NO_SHARD`: with CPU offload the whole
             model's 16-bit weights and gradients are then on its GPU at the peak (measured on an H200).
         reduce_bytes: bytes per element of the dtype FSDP reduce-scatters gradients in (4: float32).
         lora_rank: > 0 trains LoRA adapters of that rank on `LORA_TARGETS` over a frozen bf16 base (FSDP
-            only; see the module doc).
+            only; see the notes at the top).
         lora_token_rows: and that many rows of the embeddings and of the head (new tokens').
         lora_merged: it also exports the base with the adapters merged in.
         collective_timeout_s: the process group's timeout, within a share of which a streamed checkpoint
