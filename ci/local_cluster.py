@@ -268,9 +268,9 @@ def _held(state: dict) -> str | None:
     """Who holds a recorded cluster, if anyone: the live run that owns it, or, for a cluster started by
     hand (no owner), its processes while any is alive. None: whatever started it is gone."""
     owner = state.get("owner")
-    if owner and running(owner):
+    if owner and is_running(owner):
         return f"the run of process {owner['pid']} ({owner.get('command', '?')})"
-    if not owner and any(running(r) for r in state.get("processes", [])):
+    if not owner and any(is_running(r) for r in state.get("processes", [])):
         return "a cluster started by hand (make cluster-up)"
     return None
 
@@ -406,7 +406,7 @@ def up(
         deadline = time.monotonic() + 90
         while _alive_nodes(address, env) < nodes:
             for record in state["processes"]:
-                if not running(record):
+                if not is_running(record):
                     raise RuntimeError(f"{record['name']} exited; see {logs / (record['name'] + '.log')}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {nodes} Ray nodes alive after 90 s; logs in {logs}")
@@ -481,7 +481,7 @@ def up_ray(state_dir: Path, cpus: int, object_store_mb: int = 1024) -> dict:
     }
 
 
-def running(record: dict) -> bool:
+def is_running(record: dict) -> bool:
     import psutil
 
     try:
@@ -505,7 +505,7 @@ def down(
             print(f"No cluster recorded in {state_file}: nothing to stop.")
         return []
     state = json.loads(state_file.read_text())
-    ours = [psutil.Process(r["pid"]) for r in state["processes"] if running(r)]
+    ours = [psutil.Process(r["pid"]) for r in state["processes"] if is_running(r)]
     # Every process below ours (raylets, GCS, Ray workers): kept by id and start time, to check at the end.
     family = {p.pid: p for p in ours}
     for p in ours:
@@ -547,9 +547,9 @@ def status(state_dir: Path = ROOT / ".cluster") -> int:
         return 1
     state = json.loads(state_file.read_text())
     for r in state["processes"]:
-        print(f"{r['name']:>10}  pid {r['pid']:>7}  {'running' if running(r) else 'NOT RUNNING'}")
+        print(f"{r['name']:>10}  pid {r['pid']:>7}  {'running' if is_running(r) else 'NOT RUNNING'}")
     print(json.dumps(state.get("driver", {}), indent=2))
-    return 0 if all(running(r) for r in state["processes"]) else 1
+    return 0 if all(is_running(r) for r in state["processes"]) else 1
 
 
 def kill_node(state_dir: Path = ROOT / ".cluster") -> str:
@@ -559,7 +559,7 @@ def kill_node(state_dir: Path = ROOT / ".cluster") -> str:
 
     state_file = state_dir / "state.json"
     state = json.loads(state_file.read_text())
-    alive = [r for r in state["processes"] if r["name"].startswith("ray-node-") and running(r)]
+    alive = [r for r in state["processes"] if r["name"].startswith("ray-node-") and is_running(r)]
     if not alive:
         raise RuntimeError(f"no worker node of the cluster in {state_dir} is running")
     record = alive[-1]
@@ -599,7 +599,7 @@ def add_node(state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "clust
     proc = _start([*cmd, f"--address={config['address']}"], state_dir / "logs" / f"{name}.log", env)
     state["processes"].append(_record(proc, name))
     _write_private(state_file, json.dumps(state, indent=2))
-    expected = sum(1 for r in state["processes"] if r["name"].startswith("ray-") and running(r))
+    expected = sum(1 for r in state["processes"] if r["name"].startswith("ray-") and is_running(r))
     failure = f"{name} did not join; see {state_dir / 'logs' / (name + '.log')}"
     _wait_for_nodes(config["address"], env, expected, proc, failure, poll_s=1)
     return name
@@ -616,7 +616,7 @@ def pause_storage(
 
     state = json.loads((state_dir / "state.json").read_text())
     record = next(r for r in state["processes"] if r["name"] == "s3")
-    if not running(record):
+    if not is_running(record):
         raise RuntimeError(f"the S3 server of the cluster in {state_dir} is not running")
     server = psutil.Process(record["pid"])
     start = time.monotonic()
@@ -646,7 +646,7 @@ def idle() -> int:
         state_file = state_dir / "state.json"
         if state_file.exists():
             state = json.loads(state_file.read_text())
-            alive = [r for r in state.get("processes", []) if running(r)]
+            alive = [r for r in state.get("processes", []) if is_running(r)]
             if alive:
                 running += 1
                 pids = ", ".join(str(r["pid"]) for r in alive)

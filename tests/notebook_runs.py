@@ -323,7 +323,7 @@ class NodeLoss:
 
         records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
         nodes = [
-            psutil.Process(r["pid"]) for r in records if r["name"].startswith("ray-") and cluster.running(r)
+            psutil.Process(r["pid"]) for r in records if r["name"].startswith("ray-") and cluster.is_running(r)
         ]
 
         def train_workers() -> set[int]:  # the worker processes, not processes they forked (same title)
@@ -354,13 +354,13 @@ class NodeLoss:
 
         records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
         head = next(r for r in records if r["name"] == "ray-head")
-        node = [r for r in records if r["name"].startswith("ray-node-") and cluster.running(r)][-1]
+        node = [r for r in records if r["name"].startswith("ray-node-") and cluster.is_running(r)][-1]
         root = psutil.Process(node["pid"])
         doomed = [root, *root.children(recursive=True)]  # its raylet (with the object store), agents, workers
         assert cluster.kill_node(CLUSTER_DIR) == node["name"]
         alive = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"processes of {node['name']} still running: {alive}"
-        assert cluster.running(head), "the head node was touched"
+        assert cluster.is_running(head), "the head node was touched"
 
     def _s3_client(self):
         import boto3
