@@ -323,7 +323,9 @@ class NodeLoss:
 
         records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
         nodes = [
-            psutil.Process(r["pid"]) for r in records if r["name"].startswith("ray-") and cluster.is_running(r)
+            psutil.Process(r["pid"])
+            for r in records
+            if r["name"].startswith("ray-") and cluster.is_running(r)
         ]
 
         def train_workers() -> set[int]:  # the worker processes, not processes they forked (same title)

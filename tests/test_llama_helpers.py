@@ -91,8 +91,9 @@ def test_llama_recipe_is_generated_from_the_llama_fsdp_notebook():
     verbatim (ci/llama_recipe.py writes it); and llama_lora defines none of them again."""
     import ast
 
-    import llama_recipe  # ci/, on the tests' path
     import nbformat
+
+    from ci import llama_recipe
 
     assert llama_recipe.MODULE.read_text() == llama_recipe.render(), (
         "run: .venv/bin/python ci/llama_recipe.py"
