@@ -186,7 +186,7 @@ def node_env(
     """The environment of every Ray node: the caller's kept variables (`kept_env`), token auth, the bucket's
     and the tracking server's credentials (as instance credentials are on a real cluster), quiet Ray.
     `s3_port` None: a Ray without the bucket (`up_ray`)."""
-    from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV
+    from harness.cluster import LOCAL_RAY_ENV, RAY_ENV
 
     env = kept_env(os.environ if base is None else base)
     env.update(RAY_ENV)

@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(notebook: str, p: dict) -> int:
+    from harness import checks
     from harness.notebooks import notebook as notebook_module
-    from helpers import ParameterError, checks
+    from helpers import ParameterError, sizing
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -109,7 +110,7 @@ def _plan(notebook: str, p: dict) -> int:
         try:
             notebook_module(notebook).check(p)
             checks.check_min_workers(notebook, p)
-            plan = checks.plan_for(notebook, p)
+            plan = sizing.plan_for(notebook, p)
             if plan is None:
                 print(f"{notebook} has no memory plan.")
                 return 0

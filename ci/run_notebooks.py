@@ -395,7 +395,7 @@ def _rel(path: Path) -> str:
 def where_it_runs() -> str:
     """Which cluster and storage the notebooks will use, from this shell's environment (an old
     `source cluster.env` or a workspace's variables count), the credentials in a URI masked."""
-    from helpers.storage import redact
+    from harness.storage import redact
 
     ray_address = os.environ.get("RAY_ADDRESS")
     storage = os.environ.get("STORAGE_PATH")
@@ -513,7 +513,7 @@ def run_on_one_ray(notebooks: list[Path]) -> int:
         print(f"Not started: {exc}", file=sys.stderr)
         return 1
     print(f"Ray up in {time.perf_counter() - start:.0f} s: one local node, shared by the notebooks")
-    from helpers.cluster import LOCAL_RAY_ENV
+    from harness.cluster import LOCAL_RAY_ENV
 
     driver = {**LOCAL_RAY_ENV, **driver}  # the drivers' settings for a Ray on this machine, as their own
     os.environ.update(driver)

@@ -13,7 +13,7 @@ What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermil
   node's, or `LLM_NOTEBOOKS_JOB_PYTHON`, which the local cluster's `cluster.env` sets);
 - passes `STORAGE_PATH` and `MLFLOW_TRACKING_URI` from this shell in the job's `env_vars`, and where this
   shell sets them the settings a run on GPU nodes needs that the head node may not have: the Hugging Face
-  cache, mirror and offline switches (`HF_HOME`, ...: `helpers.cluster.HUB_ENV_VARS`) and the collective
+  cache, mirror and offline switches (`HF_HOME`, ...: `harness.cluster.HUB_ENV_VARS`) and the collective
   communication settings (`NCCL_*`, `TORCH_NCCL_*`, libfabric's `FI_*`). Never a secret: Ray keeps a job's
   variables in its job table (the Hub token goes from the notebook's own `start_ray` to its workers, and the
   nodes' own credentials reach the bucket). A value with credentials written into it
@@ -127,15 +127,15 @@ def _escaped(path: str) -> str:
 
 def job_env(environ) -> dict[str, str]:
     """The job's variables: `PASSED_VARS`, and the Hub and communication settings set in `environ`."""
-    from helpers.cluster import COMMUNICATION_ENV_PREFIXES, HUB_ENV_VARS
+    from harness.cluster import COMMUNICATION_ENV_PREFIXES, HUB_ENV_VARS
 
     passed = {v: environ[v] for v in (*PASSED_VARS, *HUB_ENV_VARS) if v in environ}
     return passed | {k: v for k, v in environ.items() if k.startswith(COMMUNICATION_ENV_PREFIXES)}
 
 
 def _refuse_credentials(variables: dict[str, str], papermill_args: list[str]) -> None:
-    """Exit, naming where, if a value carries credentials (`helpers.storage.redact` would mask it)."""
-    from helpers.storage import redact
+    """Exit, naming where, if a value carries credentials (`harness.storage.redact` would mask it)."""
+    from harness.storage import redact
 
     found = [f"{name}={redact(value)!r}" for name, value in variables.items() if redact(value) != value]
     found += [f"argument {redact(arg)!r}" for arg in papermill_args if redact(arg) != arg]

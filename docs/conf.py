@@ -58,7 +58,7 @@ if EXECUTE:
     os.environ["SMOKE_TEST"] = "1"
     # A local Ray and each notebook's own storage: never a cluster, bucket or credentials from the shell,
     # whose paths the pages would print.
-    from helpers.cluster import forget_outside_cluster
+    from harness.cluster import forget_outside_cluster
 
     forget_outside_cluster()
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):

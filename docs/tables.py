@@ -125,9 +125,9 @@ def _message(call) -> str:
 def troubleshooting() -> str:
     """One section per failure: the message the suite prints (made here by its own checks), and what to do."""
     import helpers
-    from helpers.cluster import resource_shortfall
+    from harness.cluster import resource_shortfall
+    from harness.storage import check_storage_path
     from helpers.plan import Recipe, plan_training
-    from helpers.storage import check_storage_path
 
     oom = _message(
         lambda: plan_training(

@@ -176,7 +176,7 @@ class _Watching:
     def _start(self, rank: int, world_size: int, steps_done: int, facts: dict, fetched=None) -> None:
         """The attempt's first step: it starts after `steps_done` steps (0, or a checkpoint's). `fetched`,
         (bytes read, checkpoint bytes) of the checkpoint it resumed from, where the caller knows them; else
-        what this process last read through `helpers.storage` (`take_last_fetch`), if anything."""
+        what this process last read through `harness.storage` (`take_last_fetch`), if anything."""
         self._begin_attempt(rank, world_size, steps_done)
         self._send_facts(facts, fetched)
 
@@ -197,7 +197,7 @@ class _Watching:
         """What this rank measured at its attempt's first step, its Ray node, and what it read to resume."""
         import ray
 
-        from helpers.storage import take_last_fetch
+        from harness.storage import take_last_fetch
 
         self.started = True
         self.facts = {"node_id": ray.get_runtime_context().get_node_id(), **facts}
@@ -365,7 +365,7 @@ class Observer(_Watching):
 
 def _bytes_read(ckpt_path) -> tuple[int, int] | None:
     """(bytes read, the checkpoint's bytes) of the checkpoint Lightning resumed from in place (a
-    `helpers.storage.StoredFolder`), or None: no resume, or a path of another kind."""
+    `harness.storage.StoredFolder`), or None: no resume, or a path of another kind."""
     read = getattr(ckpt_path, "bytes_read", None)
     return None if read is None else (read, ckpt_path.checkpoint_bytes)
 

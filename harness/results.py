@@ -42,7 +42,7 @@ def elapsed() -> float:
 
 
 def _is_folder(path: str) -> bool:
-    from helpers.storage import is_uri
+    from harness.storage import is_uri
 
     if not is_uri(path):
         return Path(path).is_dir()

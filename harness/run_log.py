@@ -9,7 +9,7 @@ notebook creates and owns, so it outlives the worker group: rank 0 tells it each
 attempt's starting step (and a resuming worker, how much of the checkpoint it fetched), and it lets
 exactly one worker die once. It also keeps the lines the training cell shows (`show_progress` prints
 them from the driver while `fit()` runs): one per logging interval, the kill, the restart and the step
-it resumed from. Everything else the workers print goes to the worker log file that `helpers.cluster.start_ray`
+it resumed from. Everything else the workers print goes to the worker log file that `harness.cluster.start_ray`
 names.
 """
 
@@ -272,7 +272,7 @@ def show_progress(run_log, poll_seconds: float = 0.5) -> Iterator[None]:
 
     def flush() -> None:
         nonlocal printed
-        from helpers.storage import shown
+        from harness.storage import shown
 
         lines = ray.get(run_log.lines_since.remote(printed))
         for line in lines:

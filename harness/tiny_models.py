@@ -165,7 +165,7 @@ def tiny_model(arch: str, **overrides) -> str:
         import transformers
         from transformers.utils import logging as hf_logging
 
-        from helpers.cluster import quiet_deepspeed_on_cpu
+        from harness.cluster import quiet_deepspeed_on_cpu
 
         # Built once, in the set-up cell: no "Writing model shards" bar (a widget in a notebook) and no
         # DeepSpeed line about choosing the CPU, which transformers' checkpoint code can trigger here.

@@ -11,7 +11,7 @@ Where runs go:
 - `MLFLOW_TRACKING_URI` when it is set (a team's tracking server, Databricks, the local cluster's server
   that `make cluster-up` starts). It reaches every worker with the job's environment; its credentials
   (`MLFLOW_TRACKING_TOKEN`, `MLFLOW_TRACKING_PASSWORD`, `DATABRICKS_TOKEN`) do too, but never as
-  environment variables of the job, which Ray logs (see `helpers.cluster.job_runtime_env`).
+  environment variables of the job, which Ray logs (see `harness.cluster.job_runtime_env`).
 - Otherwise a SQLite file in this project's cache (`_default_uri`): no server. Every worker must be able to
   open that file, so it serves a Ray on this machine (or the local two-node cluster), not workers on other
   machines; `check_tracking_from_nodes` says so in the first cells.
@@ -127,7 +127,7 @@ def tracking_uri() -> str:
 
 
 def _shown(uri: str) -> str:
-    from helpers.storage import redact
+    from harness.storage import redact
 
     return redact(uri)
 
@@ -247,10 +247,10 @@ def _client():
 
 def start_run(notebook: str, namespace: dict) -> str:
     """In the driver, before `fit()`: a new MLflow run in the experiment named after `notebook`, with the
-    notebook's parameters as the run uses them (`helpers.parameter_values`); return its id."""
+    notebook's parameters as the run uses them (`harness.parameters.parameter_values`); return its id."""
     from mlflow.entities import Param
 
-    from helpers.parameters import parameter_values
+    from harness.parameters import parameter_values
 
     client = _client()
     experiment = client.get_experiment_by_name(notebook)
@@ -506,6 +506,6 @@ def ui_command() -> str:
     uri = tracking_uri()
     if urlparse(uri).scheme in ("http", "https"):
         return f"open {_shown(uri)} in a browser"
-    from helpers.storage import shown
+    from harness.storage import shown
 
     return f"mlflow ui --backend-store-uri {shown(uri, shell=True)}"

@@ -3,7 +3,7 @@ ZeRO pieces, the "Will it fit?" planner and plots.
 
 The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) stay in the
 notebooks; this package holds only set-up a learner should not have to wade through. The names below
-are the ones the notebooks call; everything else lives in its module (`helpers.storage`,
+are the ones the notebooks call; everything else lives in its module (`harness.storage`,
 `helpers.plan`, ...). The observers that watch a run from outside (progress, a planned failure, MLflow
 tracking, results) and smoke mode are the `harness` package; the names the notebooks call from it
 (`watch`, the observers, `show_run`, `save_results`) are here too.
@@ -14,10 +14,10 @@ from harness.results import save_results, write_results
 from harness.tracking import show_run
 
 from . import (
-    checks,
     cluster,
     fsdp,
     plan,
+    sizing,
     storage,
     zero_checkpoint,
 )
@@ -27,13 +27,12 @@ from .glue import GLUE_TASKS
 from .memory import PeakRSS
 from .metrics import GlueMetric
 from .notebook import set_up
-from .parameters import parameter_values
 from .plots import plot_losses
 from .validate import ParameterError, choose_attention
 from .zero_checkpoint import zero_checkpoint_folder
 
 __all__ = [
-    # modules: the notebooks name checks, cluster, fsdp, plan and storage
+    # modules: the notebooks name cluster, fsdp, plan, sizing and storage
     "cluster",
     "zero_checkpoint",
     # what the notebooks call
@@ -42,13 +41,12 @@ __all__ = [
     "Observer",
     "ParameterError",
     "PeakRSS",
-    "checks",
     "choose_attention",
     "fsdp",
     "gpus_for_one_task",
     "lightning_observer",
-    "parameter_values",
     "plan",
+    "sizing",
     "plot_losses",
     "run_cost",
     "save_results",

@@ -13,9 +13,9 @@ workers holds half the parameters) on CPU workers as on GPUs:
   folder, so a rank on another node would write its shard into a folder nobody uploads, and the
   checkpoint in storage would lack that shard. Here each rank keeps its own path; Ray Train uploads
   every rank's folder into the same checkpoint directory, which then holds all the shards.
-- **Resuming reads each rank's shards where they are stored.** Given a `helpers.storage.stored_folder`
+- **Resuming reads each rank's shards where they are stored.** Given a `harness.storage.stored_folder`
   as `ckpt_path`, `load_checkpoint` loads as Lightning's does (the model's sharded state dict, then
-  each optimizer's) but through `helpers.storage.dcp_reader`, which fetches only the byte ranges this
+  each optimizer's) but through `harness.storage.dcp_reader`, which fetches only the byte ranges this
   rank's shards need, straight from the bucket. Lightning's own load needs a local folder, so each
   rank would first download the whole checkpoint: for dolly-v2-7b, 82 GB of weights and AdamW state
   per rank, 1.3 TB from the bucket for 16 ranks, to use 5 GB each.
@@ -51,7 +51,7 @@ def fsdp_strategy_class():
     import torch
     from ray.train.lightning import RayFSDPStrategy
 
-    from .storage import StoredFolder
+    from harness.storage import StoredFolder
 
     class ShardedRayFSDPStrategy(RayFSDPStrategy):
         def __init__(self, *args, state_dict_type: str = "sharded", **kwargs):
@@ -116,7 +116,7 @@ def _load_sharded_in_place(self, folder, weights_only) -> dict[str, Any]:
     from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    from .storage import dcp_reader
+    from harness.storage import dcp_reader
 
     reader = dcp_reader(folder.filesystem, folder.path)
     with _get_sharded_state_dict_context(self.model):

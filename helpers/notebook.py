@@ -1,17 +1,13 @@
 """The Set up cell: one call between a notebook's parameters and its lesson.
 
 `set_up(notebook, globals())` starts the run's clock, applies smoke mode (the notebook's `smoke` table in `harness.notebooks`), checks
-the parameters and plans the run (`helpers.checks.check_parameters`), starts Ray or joins the cluster in
-`RAY_ADDRESS` (`helpers.cluster.start_ray`), and checks that the cluster can hold the run (`helpers.checks.check_cluster`).
+the parameters and plans the run (`harness.checks.check_parameters`), starts Ray or joins the cluster in
+`RAY_ADDRESS` (`harness.cluster.start_ray`), and checks that the cluster can hold the run (`harness.checks.check_cluster`).
 """
 
 from __future__ import annotations
 
 import gc
-
-from harness import cpu_bf16, results
-
-from . import checks, cluster, parameters
 
 __all__ = ["set_up"]
 
@@ -23,12 +19,13 @@ def set_up(notebook: str, namespace: dict):
     1. With `SMOKE_TEST`: the laptop-sized model, fixtures and run of the notebook's smoke table
        (`harness.notebooks`), for every parameter still at its full-scale default; a value you passed or
        edited stays. Prints what changed.
-    2. `helpers.checks.check_parameters`: a misspelt name, a bad value, unwritable storage, a model or data out of
+    2. `harness.checks.check_parameters`: a misspelt name, a bad value, unwritable storage, a model or data out of
        reach, or a run that will not fit fails here, naming the parameter and what is allowed.
-    3. `helpers.cluster.start_ray`: a local Ray, or the cluster in `RAY_ADDRESS`; the workers' output goes to a log.
-    4. `helpers.checks.check_cluster`: room for the workers, storage every node can write, the weights on every node.
+    3. `harness.cluster.start_ray`: a local Ray, or the cluster in `RAY_ADDRESS`; the workers' output goes to a log.
+    4. `harness.checks.check_cluster`: room for the workers, storage every node can write, the weights on every node.
     """
-    from harness.notebooks import smoke_table  # here: harness.notebooks imports helpers
+    from harness import checks, cluster, cpu_bf16, parameters, results  # here: harness imports helpers
+    from harness.notebooks import smoke_table
 
     results.start_clock(notebook)
     gc.set_threshold(*cluster.GC_THRESHOLD)  # the imports to come: about a fifth faster (see there)

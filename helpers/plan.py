@@ -1,8 +1,8 @@
 """Will it fit? A memory, disk and storage plan for a training run, before it spends any GPU time.
 
-Used by `helpers.checks.check_parameters` in the "Set up" cell of the GPT-2, Dolly and Llama notebooks (which
+Used by `harness.checks.check_parameters` in the "Set up" cell of the GPT-2, Dolly and Llama notebooks (which
 refuses a run that cannot fit before anything is downloaded), and by their sharding sections, which show
-the table next to the explanation (`helpers.checks.compare_plans`: ZeRO stages, or 1 worker against many,
+the table next to the explanation (`helpers.sizing.compare_plans`: ZeRO stages, or 1 worker against many,
 at full scale). From the model's architecture (its config; the parameters are counted on the `meta` device,
 without weights) and the run's parameters it works out, per GPU, per node and in storage, what the
 run needs, compares that with the cluster, prints one table and refuses where the run cannot fit,
@@ -69,7 +69,7 @@ from .validate import ParameterError
 #   (CUDA's allocator history on an H100, GPT-2 124M on one GPU: 249 MB of 1.01 GB at the peak, which is
 #   in the backward pass: the step runs on the CPU).
 # - A CUDA context (1 GiB), NCCL's buffers (0.5 GiB), and 2 % of the rest for the caching allocator's
-#   fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `helpers.cluster.start_ray`
+#   fragmentation (with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which `harness.cluster.start_ray`
 #   sets for every worker). GPU memory is what torch sees (`total_memory`), not the product name:
 #   79.2 GiB on an "80 GB" A100 or H100.
 #
@@ -417,7 +417,7 @@ class Recipe:
         lora_token_rows: and that many rows of the embeddings and of the head (new tokens').
         lora_merged: it also exports the base with the adapters merged in.
         collective_timeout_s: the process group's timeout, within a share of which a streamed checkpoint
-            must be written (`helpers.storage.COLLECTIVE_SHARE`).
+            must be written (`harness.storage.COLLECTIVE_SHARE`).
     """
 
     activation_checkpointing: bool
@@ -496,9 +496,9 @@ def plan_training(
 
 def _checkpoint_time(run: _Run, collective_timeout_s: int | None, details: dict) -> str:
     """A streamed checkpoint's time: each rank's shard at `STREAMS` x `STREAM_RATE` (an assumption, stated),
-    against the share of the collective timeout a save has (`helpers.storage.dcp_writer`). A resume reads
+    against the share of the collective timeout a save has (`harness.storage.dcp_writer`). A resume reads
     the same bytes back in as long."""
-    from .storage import COLLECTIVE_SHARE, STREAM_RATE, STREAMS
+    from harness.storage import COLLECTIVE_SHARE, STREAM_RATE, STREAMS
 
     rank_bytes = 12 * (run.lora.params if run.lora else run.size.params) // run.n
     seconds = rank_bytes / (STREAMS * STREAM_RATE)
@@ -681,7 +681,7 @@ def _host_and_disk_bytes(run: _Run, recipe: Recipe) -> dict[str, int]:
     disk; in storage per checkpoint."""
     sharding, loading, checkpoint = recipe.sharding, recipe.loading, recipe.checkpoint
     export_bytes, lora_merged = recipe.export_bytes, recipe.lora_merged
-    from .storage import STREAM_FILE_BYTES, STREAMS
+    from harness.storage import STREAM_FILE_BYTES, STREAMS
 
     size, lora, n, per_node, stored, p = run.size, run.lora, run.n, run.per_node, run.stored, run.size.params
     # Loading holds the fp32 model and, while converting, the checkpoint's pages in its stored dtype
@@ -724,7 +724,7 @@ def _host_and_disk_terms(run: _Run, b: dict[str, int], recipe: Recipe) -> tuple[
         recipe.checkpoint,
         recipe.export_bytes,
     )
-    from .storage import STREAM_FILE_BYTES, STREAMS
+    from harness.storage import STREAM_FILE_BYTES, STREAMS
 
     lora, n, per_node, stored = run.lora, run.n, run.per_node, run.stored
     loaded, sharded_state = b["loaded"], sharding in ("fsdp", "zero3")

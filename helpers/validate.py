@@ -2,7 +2,7 @@
 
 Every check raises `ParameterError` (a `ValueError`) with the parameter's name, the value
 given and what is allowed, instead of letting a bad value surface minutes later as a
-shape error inside a Ray worker. Used by `helpers.checks.check_parameters` (the "Set up" cell of every notebook; and
+shape error inside a Ray worker. Used by `harness.checks.check_parameters` (the "Set up" cell of every notebook; and
 `choose_attention` by section 6 of llama_fsdp).
 """
 

@@ -34,7 +34,7 @@ _SHARD = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim|mod
 
 def zero_rank_files(rank: int) -> Callable[[str], bool]:
     """The files of a DeepSpeed checkpoint that rank `rank` reads: a filter of relative paths, for
-    `helpers.storage.checkpoint_folder(checkpoint, files=...)`.
+    `harness.storage.checkpoint_folder(checkpoint, files=...)`.
 
     Everything but the other ranks' shards: this rank's `zero_pp_rank_{rank}` files, and the files
     every rank reads (`latest`, the stage 0-2 `mp_rank_00_model_states.pt`, the notebook's own). With 2
@@ -116,8 +116,8 @@ def zero_checkpoint_folder(checkpoint, rank: int, world_size: int) -> Iterator[s
     `Checkpoint`): its own shard and the files every rank reads, not the other ranks' shards
     (`zero_rank_files`), after checking that as many workers saved it (`check_zero_checkpoint_workers`).
     Where the checkpoint is in a bucket, the copy is this process's own, deleted at the end of the block
-    (`helpers.storage.checkpoint_folder`)."""
-    from .storage import checkpoint_folder
+    (`harness.storage.checkpoint_folder`)."""
+    from harness.storage import checkpoint_folder
 
     check_zero_checkpoint_workers(checkpoint, world_size)
     with checkpoint_folder(checkpoint, files=zero_rank_files(rank)) as folder:

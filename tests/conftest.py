@@ -62,7 +62,7 @@ def pytest_configure(config):
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
     # Never a cluster, bucket or credentials from outside: the ray_cluster fixture's, or none. The Hub
     # token is a canary instead (the Hub is offline): no file the session writes may contain it.
-    from helpers.cluster import forget_outside_cluster
+    from harness.cluster import forget_outside_cluster
 
     forget_outside_cluster()
     os.environ["HF_TOKEN"] = CANARY_HF_TOKEN

@@ -26,7 +26,7 @@ SETS_UP = "helpers.set_up("
 
 
 class _RayWouldStart(Exception):
-    """Raised in place of `helpers.cluster.start_ray`: the Set up cell went past its checks."""
+    """Raised in place of `harness.cluster.start_ray`: the Set up cell went past its checks."""
 
 
 def _stop_before_ray(*args, **kwargs):
@@ -65,9 +65,9 @@ def run_case(notebook: str, parameters: dict) -> dict:
 
 
 def main(cases_json: str, results_json: str) -> None:
-    import helpers.cluster
+    import harness.cluster
 
-    helpers.cluster.start_ray = _stop_before_ray  # what helpers.set_up calls once the checks have passed
+    harness.cluster.start_ray = _stop_before_ray  # what helpers.set_up calls once the checks have passed
     cases = json.loads(Path(cases_json).read_text())
     results = {f"{c['notebook']}/{c['case']}": run_case(c["notebook"], c["parameters"]) for c in cases}
     Path(results_json).write_text(json.dumps(results, indent=1))

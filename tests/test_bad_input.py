@@ -43,7 +43,7 @@ CASES = {
         ["MAX_FAILURES=0", "KILL_WORKER_AT_STEP=7"],
     ),
     "zero_stage_4": ({"SMOKE_TEST": True, "ZERO_STAGE": 4}, "ParameterError", ["ZERO_STAGE=4", "0, 1, 2, 3"]),
-    # NUM_WORKERS=0 is refused by the check every notebook shares (helpers.checks._common): run here only.
+    # NUM_WORKERS=0 is refused by the check every notebook shares (harness.notebooks.check_common): run here only.
     "no_workers": ({"SMOKE_TEST": True, "NUM_WORKERS": 0}, "ParameterError", ["NUM_WORKERS=0", "at least 1"]),
     # It names the run's folder in the bucket: "../x" would put the run outside STORAGE_PATH.
     "experiment_prefix_path": (

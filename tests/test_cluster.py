@@ -69,9 +69,9 @@ def test_workers_get_the_shipped_helpers_and_the_drivers_hub_settings(ray_cluste
     HF_*."""
     hub = {"HF_TOKEN": "hf_test_token", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": "/tmp/hf-home-test"}
     code = """
-import json, ray, helpers
+import json, ray, helpers, harness.cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-helpers.cluster.start_ray()
+harness.cluster.start_ray()
 
 @ray.remote(num_cpus=0)
 def probe():
@@ -215,7 +215,7 @@ def _stalls_when_moving_data(storage, seconds: float, stalls: list) -> None:
 
 
 def test_a_checkpoint_write_or_read_outlasts_a_stalled_bucket_or_fails_cleanly(ray_cluster):
-    """helpers.storage.dcp_writer and dcp_reader (the Llama notebook's sharded checkpoints) against the S3
+    """harness.storage.dcp_writer and dcp_reader (the Llama notebook's sharded checkpoints) against the S3
     server paused (SIGSTOP): each try of a file's write or of a range's read has a deadline; a stall shorter
     than the tries' budget costs only time, and the checkpoint loads back equal; a longer one fails the save
     with `StorageStalled`, and the folder never gets DCP's index, so nothing can mistake it for a
@@ -223,14 +223,14 @@ def test_a_checkpoint_write_or_read_outlasts_a_stalled_bucket_or_fails_cleanly(r
     import torch
     import torch.distributed.checkpoint as dcp
 
-    import helpers
+    import harness.storage
 
     fs, root = filesystem(ray_cluster["STORAGE_PATH"], ray_cluster)
     state = {"w": torch.randn(1024, 2048), "b": torch.arange(1000.0)}  # 8 MB: one file
     quick = {"stall_s": 1.0, "min_rate": 1e12}  # each try: 1 s (the notebook's: 60 s + size at 10 MB/s)
 
     pauses: list = []
-    writer = helpers.storage.dcp_writer(fs, f"{root}/stall-test/outlasted", tries=4, **quick)
+    writer = harness.storage.dcp_writer(fs, f"{root}/stall-test/outlasted", tries=4, **quick)
     _stalls_when_moving_data(writer, 3.0, pauses)
     start = time.monotonic()
     dcp.save(state, storage_writer=writer)  # one process, no process group
@@ -243,14 +243,14 @@ def test_a_checkpoint_write_or_read_outlasts_a_stalled_bucket_or_fails_cleanly(r
     assert 2.8 < took < 15, took
     # The same stall while the checkpoint is read back: the ranged read given up after 1 s is read again.
     loaded = {"w": torch.zeros(1024, 2048), "b": torch.zeros(1000)}
-    reader = helpers.storage.dcp_reader(fs, f"{root}/stall-test/outlasted", tries=4, **quick)
+    reader = harness.storage.dcp_reader(fs, f"{root}/stall-test/outlasted", tries=4, **quick)
     _stalls_when_moving_data(reader, 3.0, pauses)
     dcp.load(loaded, storage_reader=reader)
     pauses[1].join()
     assert reader.stalls and all(s["problem"] == "not done in 1 s" for s in reader.stalls), reader.stalls
     assert all(torch.equal(loaded[k], state[k]) for k in state)
 
-    writer = helpers.storage.dcp_writer(fs, f"{root}/stall-test/failed", tries=2, **quick)
+    writer = harness.storage.dcp_writer(fs, f"{root}/stall-test/failed", tries=2, **quick)
     _stalls_when_moving_data(writer, 5.0, pauses)
     from torch.distributed.checkpoint.api import CheckpointException
 

@@ -1,4 +1,4 @@
-"""helpers.parameters.smoke_overrides, harness.run_log.RunLog and the storage checks, without a cluster."""
+"""harness.parameters.smoke_overrides, harness.run_log.RunLog and the storage checks, without a cluster."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+import harness.cluster
+import harness.parameters
+import harness.storage
 import helpers
 from harness.run_log import RunLog, check_kill_step
 
@@ -23,7 +26,7 @@ def test_smoke_mode_replaces_defaults_and_keeps_what_was_passed(capsys):
         "USE_GPU": (True, False),
         "LEARNING_RATE": (1.0, 3e-3),  # 1 == 1.0 but an int was passed: kept, never silently re-typed
     }
-    assert helpers.parameters.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2, "USE_GPU": False}
+    assert harness.parameters.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2, "USE_GPU": False}
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["NUM_WORKERS"] == ["16", "2"]  # parameter, full scale, smoke run
     assert rows["STORAGE_PATH"] == ["'/mnt/cluster_storage/'", "'s3://my-bucket/runs'", "(yours,", "kept)"]
@@ -32,10 +35,10 @@ def test_smoke_mode_replaces_defaults_and_keeps_what_was_passed(capsys):
 
 def test_smoke_mode_keeps_a_default_value_that_papermill_passed(monkeypatch):
     # `-p KILL_WORKER_AT_STEP 0` equals the full-scale default, and still means "no kill, please".
-    monkeypatch.setattr(helpers.parameters, "papermill_parameters", lambda: {"KILL_WORKER_AT_STEP"})
+    monkeypatch.setattr(harness.parameters, "papermill_parameters", lambda: {"KILL_WORKER_AT_STEP"})
     namespace = {"KILL_WORKER_AT_STEP": 0, "NUM_WORKERS": 16}
     table = {"KILL_WORKER_AT_STEP": (0, 40), "NUM_WORKERS": (16, 2)}
-    assert helpers.parameters.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2}
+    assert harness.parameters.smoke_overrides(namespace, table) == {"NUM_WORKERS": 2}
 
 
 PARAMETERS_CELL = (
@@ -46,9 +49,9 @@ PARAMETERS_CELL = (
 def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
     # IPython's `In`: the parameters cell, then the cell papermill injects after it.
     injected = "# Parameters\nBATCH_SIZE = 4\nMAX_STEP = 8\nLORA_RANK = 8\nSMOKE_TEST = True\n"
-    monkeypatch.setattr(helpers.parameters, "_history", lambda: ["", PARAMETERS_CELL, injected])
+    monkeypatch.setattr(harness.parameters, "_history", lambda: ["", PARAMETERS_CELL, injected])
     with pytest.raises(helpers.ParameterError) as error:
-        helpers.parameters.check_parameter_names({})
+        harness.parameters.check_parameter_names({})
     message = str(error.value)
     assert "BATCH_SIZE (did you mean BATCH_SIZE_PER_WORKER?)" in message  # a renamed parameter
     assert "MAX_STEP (did you mean MAX_STEPS?)" in message  # a misspelt one
@@ -58,11 +61,11 @@ def test_a_name_papermill_passed_that_the_notebook_lacks_fails(monkeypatch):
 
 def test_known_names_pass_and_the_results_get_every_parameter(monkeypatch):
     injected = "# Parameters\nMAX_STEPS = 8\nSMOKE_TEST = True\n"
-    monkeypatch.setattr(helpers.parameters, "_history", lambda: ["", PARAMETERS_CELL, injected, "x = 1"])
+    monkeypatch.setattr(harness.parameters, "_history", lambda: ["", PARAMETERS_CELL, injected, "x = 1"])
     namespace = {"BATCH_SIZE_PER_WORKER": 8, "MAX_STEPS": 8, "SMOKE_TEST": True, "RESULTS_PATH": "", "x": 1}
     names = ["BATCH_SIZE_PER_WORKER", "MAX_STEPS", "SMOKE_TEST", "RESULTS_PATH"]
-    assert helpers.parameters.check_parameter_names(namespace) == names
-    assert helpers.parameter_values(namespace) == {
+    assert harness.parameters.check_parameter_names(namespace) == names
+    assert harness.parameters.parameter_values(namespace) == {
         "BATCH_SIZE_PER_WORKER": 8,
         "MAX_STEPS": 8,
         "SMOKE_TEST": True,
@@ -72,7 +75,7 @@ def test_known_names_pass_and_the_results_get_every_parameter(monkeypatch):
 
 def test_without_a_cell_history_the_parameters_are_the_upper_case_names_so_far(monkeypatch):
     # nbval runs cells without IPython's history: the first cell after the parameters sees only them.
-    monkeypatch.setattr(helpers.parameters, "_history", lambda: [])
+    monkeypatch.setattr(harness.parameters, "_history", lambda: [])
     namespace = {
         "os": object(),
         "In": [],
@@ -81,9 +84,13 @@ def test_without_a_cell_history_the_parameters_are_the_upper_case_names_so_far(m
         "_": None,
         "SMOKE_TEST": True,
     }
-    assert helpers.parameters.check_parameter_names(namespace) == ["MODEL_NAME", "NUM_WORKERS", "SMOKE_TEST"]
+    assert harness.parameters.check_parameter_names(namespace) == ["MODEL_NAME", "NUM_WORKERS", "SMOKE_TEST"]
     namespace.update(NUM_WORKERS=4, later=1)
-    assert helpers.parameter_values(namespace) == {"MODEL_NAME": "tiny", "NUM_WORKERS": 4, "SMOKE_TEST": True}
+    assert harness.parameters.parameter_values(namespace) == {
+        "MODEL_NAME": "tiny",
+        "NUM_WORKERS": 4,
+        "SMOKE_TEST": True,
+    }
 
 
 def test_run_log_summarises_a_kill_and_its_replay():
@@ -192,18 +199,18 @@ def test_kill_step_needs_a_rank_1_and_a_step_of_the_run():
 
 
 def test_storage_path_checks(tmp_path):
-    assert helpers.storage.check_storage_path("STORAGE_PATH", str(tmp_path / "new" / "runs")) == str(
+    assert harness.storage.check_storage_path("STORAGE_PATH", str(tmp_path / "new" / "runs")) == str(
         tmp_path / "new" / "runs"
     )
     with pytest.raises(helpers.ParameterError, match="unsupported storage"):
-        helpers.storage.check_storage_path("STORAGE_PATH", "ftp://example.org/runs")
+        harness.storage.check_storage_path("STORAGE_PATH", "ftp://example.org/runs")
     with pytest.raises(helpers.ParameterError, match="cannot reach the bucket's endpoint at 127.0.0.1:9"):
-        helpers.storage.check_storage_path(
+        harness.storage.check_storage_path(
             "STORAGE_PATH", "s3://b/runs?endpoint_override=127.0.0.1:9&scheme=http"
         )
     from pyarrow.fs import LocalFileSystem
 
-    assert helpers.storage.uri(LocalFileSystem(), "/x/y") == "/x/y"
+    assert harness.storage.uri(LocalFileSystem(), "/x/y") == "/x/y"
 
 
 def test_checkpoint_folder_is_private_to_each_reader(tmp_path):
@@ -214,14 +221,14 @@ def test_checkpoint_folder_is_private_to_each_reader(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "trainer_state.json").write_text('{"step": 32}')
     local = ray.train.Checkpoint(str(tmp_path / "ckpt"))
-    with helpers.storage.checkpoint_folder(local) as folder:
+    with harness.storage.checkpoint_folder(local) as folder:
         assert folder == str(tmp_path / "ckpt")  # a local (or NFS) checkpoint is read where it is
     remote = ray.train.Checkpoint(
         "ckpt", filesystem=pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     )
     with (
-        helpers.storage.checkpoint_folder(remote) as first,
-        helpers.storage.checkpoint_folder(remote) as second,
+        harness.storage.checkpoint_folder(remote) as first,
+        harness.storage.checkpoint_folder(remote) as second,
     ):
         assert first != second and str(tmp_path) not in first
         for folder in (first, second):
@@ -232,13 +239,13 @@ def test_checkpoint_folder_is_private_to_each_reader(tmp_path):
 def test_nccl_and_efa_settings_reach_the_workers(monkeypatch):
     # Set in the notebook, NCCL_* / FI_* would reach no worker on another node: the job carries them (issue 21,
     # item 9), next to the Hugging Face settings; other variables stay behind.
-    import helpers.cluster
+    import harness.cluster
 
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ens5")
     monkeypatch.setenv("FI_EFA_USE_DEVICE_RDMA", "1")
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     monkeypatch.setenv("SOME_OTHER_SETTING", "x")
-    env_vars = helpers.cluster.job_runtime_env(attach=False)["env_vars"]
+    env_vars = harness.cluster.job_runtime_env(attach=False)["env_vars"]
     assert env_vars["NCCL_SOCKET_IFNAME"] == "ens5" and env_vars["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env_vars["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "SOME_OTHER_SETTING" not in env_vars
 
@@ -248,7 +255,7 @@ def test_local_disk_is_checked_where_the_hub_cache_and_temp_folder_are(tmp_path,
 
     from huggingface_hub import constants
 
-    from helpers.cluster import local_disk_shortfall
+    from harness.cluster import local_disk_shortfall
 
     hub, temp = tmp_path / "hf" / "hub", tmp_path / "tmp"
     temp.mkdir()
@@ -269,7 +276,7 @@ def test_a_small_json_next_to_a_checkpoint_has_the_checkpoints_deadline(tmp_path
 
     import pyarrow.fs as pafs
 
-    from helpers.storage import StorageStalled, read_json, write_json
+    from harness.storage import StorageStalled, read_json, write_json
 
     local = pafs.LocalFileSystem()
     write_json(local, str(tmp_path / "trainer_state.json"), {"step": 12})
@@ -296,7 +303,7 @@ def test_an_export_upload_has_a_deadline(tmp_path, monkeypatch):
 
     import pyarrow.fs as pafs
 
-    from helpers.storage import StorageStalled, upload_folder
+    from harness.storage import StorageStalled, upload_folder
 
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "model.safetensors").write_bytes(b"x" * 1000)
@@ -317,7 +324,7 @@ def test_an_export_upload_has_a_deadline(tmp_path, monkeypatch):
 def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeypatch):
     # /mnt/cluster_storage/ passes wherever /mnt is writable; each node keeping its own shards would fail the
     # first resume, after hours. The notebook writes a marker, and every node must read it back.
-    from helpers import cluster
+    from harness import cluster
 
     seen = {}
 
@@ -340,7 +347,7 @@ def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeyp
 def test_a_cluster_whose_gpus_are_smaller_than_the_plans_is_refused(monkeypatch):
     # Sixteen A100-40GB under the default {"p4de.24xlarge": 2}: the plan's 98 % of 80 GB passed, and the run
     # failed after the 138 GB download. Each GPU node says what its GPUs have (nvidia-smi, in a task there).
-    from helpers import cluster
+    from harness import cluster
 
     p = {"USE_GPU": True, "CLUSTER": {"p4de.24xlarge": 2}}
     monkeypatch.setattr(cluster, "_on_every_node", lambda check, **kw: {"a": 40 * 2**30, "b": 40 * 2**30})
@@ -357,7 +364,7 @@ def test_measuring_a_resume_lists_the_bucket_with_a_deadline(monkeypatch):
     import threading
     import time
 
-    from helpers import storage
+    from harness import storage
 
     release = threading.Event()
 

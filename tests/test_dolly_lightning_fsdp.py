@@ -16,8 +16,8 @@ from notebook_runs import (
     smoke_nbval,
 )
 
+import harness.storage
 import helpers
-import helpers.storage
 
 NAME = "dolly_lightning_fsdp"
 # The pinned first losses (how measured, tolerance): tests/assets/losses/dolly_lightning_fsdp.txt
@@ -161,7 +161,7 @@ def test_checkpoint_is_sharded_with_every_ranks_shard_in_the_bucket(smoke_run, r
     initial = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32)
     trained = {"model": {f"model.{k}": torch.empty_like(v) for k, v in initial.state_dict().items()}}
     dcp.load(
-        trained, storage_reader=helpers.storage.dcp_reader(fs, path)
+        trained, storage_reader=harness.storage.dcp_reader(fs, path)
     )  # every tensor whole, from 2 shards
     changed = [
         k for k, v in initial.state_dict().items() if not torch.equal(trained["model"][f"model.{k}"], v)

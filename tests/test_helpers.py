@@ -10,11 +10,13 @@ import sys
 
 import pytest
 
+import harness.checks
 import harness.fixtures
 import harness.notebooks
+import harness.storage
 import harness.tiny_models
 import helpers
-from helpers import cluster
+from harness import cluster
 
 # ---- tiny models: what each tokenizer really produces --------------------------------------
 
@@ -186,8 +188,8 @@ def _fake_cluster(monkeypatch, nodes):
 def test_gpu_request_on_a_cpu_cluster_fails_fast(monkeypatch):
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])
     monkeypatch.delenv("LLM_NOTEBOOKS_AUTOSCALING", raising=False)
-    with pytest.raises(helpers.cluster.ResourceRequestError) as info:
-        helpers.cluster.check_resources(16, use_gpu=True)
+    with pytest.raises(harness.cluster.ResourceRequestError) as info:
+        harness.cluster.check_resources(16, use_gpu=True)
     message = str(info.value)
     for word in ["NUM_WORKERS=16", "USE_GPU=True", "16 GPUs", "has 0", "SMOKE_TEST=True"]:
         assert word in message
@@ -195,17 +197,17 @@ def test_gpu_request_on_a_cpu_cluster_fails_fast(monkeypatch):
 
 def test_too_many_cpu_workers_fail_and_fitting_requests_pass(monkeypatch):
     _fake_cluster(monkeypatch, [{"CPU": 4.0}, {"CPU": 8.0, "GPU": 2.0}])
-    with pytest.raises(helpers.cluster.ResourceRequestError, match="NUM_WORKERS=13 needs 13 CPUs"):
-        helpers.cluster.check_resources(13, use_gpu=False)
-    helpers.cluster.check_resources(12, use_gpu=False)
-    helpers.cluster.check_resources(2, use_gpu=True)
+    with pytest.raises(harness.cluster.ResourceRequestError, match="NUM_WORKERS=13 needs 13 CPUs"):
+        harness.cluster.check_resources(13, use_gpu=False)
+    harness.cluster.check_resources(12, use_gpu=False)
+    harness.cluster.check_resources(2, use_gpu=True)
 
 
 def test_autoscaling_cluster_only_warns(monkeypatch):
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])
     monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
     with pytest.warns(UserWarning, match="autoscaler"):
-        helpers.cluster.check_resources(16, use_gpu=True)
+        harness.cluster.check_resources(16, use_gpu=True)
 
 
 def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsys, tmp_path):
@@ -215,7 +217,7 @@ def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsy
 
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])  # the head node only
     monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
-    monkeypatch.setattr(helpers.cluster, "_check_shared_folder", lambda name, folder: 1)  # one machine
+    monkeypatch.setattr(harness.cluster, "_check_shared_folder", lambda name, folder: 1)  # one machine
     namespace = {
         "NUM_WORKERS": 16,
         "USE_GPU": True,
@@ -224,7 +226,7 @@ def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsy
         "plan": Plan("70B", [], {"hub_download_bytes": 138e9, "temp_file_bytes": 138e9}),
     }
     with pytest.warns(UserWarning, match="autoscaler"):
-        helpers.checks.check_cluster("llama_fsdp", namespace)
+        harness.checks.check_cluster("llama_fsdp", namespace)
     out = capsys.readouterr().out
     assert "rank 0 will download them itself" in out
     assert "no node's local disk to check yet: rank 0 checks its own before it downloads" in out
@@ -351,7 +353,8 @@ def test_tripwire_proxy_records_hub_requests_and_answers_403(tmp_path):
 
 
 def test_cpus_per_worker_must_fit_the_nodes_of_the_cluster():
-    import helpers.checks
+    import harness.checks
+    import helpers.sizing
 
     p = {"CPUS_PER_WORKER": 13, "USE_GPU": True, "CLUSTER": {"p4de.24xlarge": 2}}
     with pytest.raises(
@@ -364,7 +367,7 @@ def test_cpus_per_worker_must_fit_the_nodes_of_the_cluster():
 
 
 def test_redact_masks_a_uris_credentials_and_keeps_the_bucket():
-    from helpers.storage import redact
+    from harness.storage import redact
 
     assert redact("s3://AKIA:se/cr+et@bucket/prefix") == "s3://***@bucket/prefix"
     assert redact("s3://AKIA@bucket") == "s3://***@bucket"
@@ -372,7 +375,7 @@ def test_redact_masks_a_uris_credentials_and_keeps_the_bucket():
     for unchanged in ("s3://bucket/prefix", "s3://bucket/run@2026/x", "/mnt/cluster_storage/", 4):
         assert redact(unchanged) == unchanged
     with pytest.raises(helpers.ParameterError) as refused:
-        helpers.storage.check_storage_path("STORAGE_PATH", "s3://AKIA:se/cr+et@bucket/prefix")
+        harness.storage.check_storage_path("STORAGE_PATH", "s3://AKIA:se/cr+et@bucket/prefix")
     assert "STORAGE_PATH='s3://***@bucket/prefix'" in str(refused.value) and "cr+et" not in str(refused.value)
 
 
@@ -399,11 +402,11 @@ def test_the_watch_sets_what_each_worker_held_against_the_plan(monkeypatch):
 def test_set_up_gives_the_cluster_check_its_plan(monkeypatch):
     """The node-by-node disk check needs the plan's byte counts: `set_up` hands its plan to
     `check_cluster` (the notebook's `plan = ...` is assigned only after `set_up` returns)."""
-    from helpers import checks, notebook
+    from harness import checks, cluster
 
     plan, seen = object(), {}
     monkeypatch.setattr(checks, "check_parameters", lambda name, namespace: plan)
-    monkeypatch.setattr(notebook.cluster, "start_ray", lambda name: None)
+    monkeypatch.setattr(cluster, "start_ray", lambda name: None)
     monkeypatch.setattr(checks, "check_cluster", lambda name, namespace: seen.update(namespace))
     assert helpers.set_up("glue_text_classification", {"SMOKE_TEST": False}) is plan
     assert seen["plan"] is plan

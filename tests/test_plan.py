@@ -176,7 +176,7 @@ def test_dcp_writer_and_reader_over_a_pyarrow_filesystem(tmp_path):
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from helpers.storage import dcp_reader, dcp_writer
+    from harness.storage import dcp_reader, dcp_writer
 
     fs = pafs.LocalFileSystem()
     w, m1, m2 = torch.randn(256, 256), torch.randn(256, 256), torch.randn(256, 256)  # 256 KiB each
@@ -196,10 +196,10 @@ def test_dcp_writer_and_reader_over_a_pyarrow_filesystem(tmp_path):
 def test_one_task_asks_for_no_more_gpus_than_the_largest_node(monkeypatch):
     import helpers.cluster as hc
 
-    monkeypatch.setattr(hc, "_alive_nodes", lambda use_gpu: [{"Resources": {"GPU": 4.0}}] * 4)
+    monkeypatch.setattr(hc, "alive_nodes", lambda use_gpu: [{"Resources": {"GPU": 4.0}}] * 4)
     with pytest.warns(UserWarning, match="largest node has 4 GPUs"):
         assert hc.gpus_for_one_task("The chat task", 8) == 4
-    monkeypatch.setattr(hc, "_alive_nodes", lambda use_gpu: [])
+    monkeypatch.setattr(hc, "alive_nodes", lambda use_gpu: [])
     with pytest.raises(hc.ResourceRequestError, match="no node"):
         hc.gpus_for_one_task("The chat task", 8)
 
@@ -219,22 +219,23 @@ LLAMA_FULL_SCALE = dict(
 def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     # The sharding sections' tables: the full-scale run (the parameters cell's defaults, even after smoke
     # mode replaced them) for 1 worker against 16; a variant that does not fit says so in words.
-    import helpers.checks
-    import helpers.parameters
+    import harness.checks
+    import harness.parameters
+    import helpers.sizing
 
     monkeypatch.setattr(
-        helpers.parameters, "_replaced_defaults", {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"}
+        harness.parameters, "_replaced_defaults", {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"}
     )
     smoke = {**LLAMA_FULL_SCALE, "MODEL_NAME": "/tmp/tiny-llama"}
-    full = helpers.checks.full_scale(smoke)
+    full = helpers.sizing.full_scale(smoke)
     assert full["MODEL_NAME"] == "meta-llama/Llama-2-70b-chat-hf" and smoke["MODEL_NAME"] == "/tmp/tiny-llama"
-    table = helpers.checks.compare_plans(
+    table = helpers.sizing.compare_plans(
         "llama_fsdp", smoke, {"1 worker": {"NUM_WORKERS": 1}, "{NUM_WORKERS} workers": {}}
     )
     gpu = table.loc["training (A100-80GB GPU) (per GPU)"]
     assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "83.0 GB (98%, close)"
-    monkeypatch.setattr(helpers.parameters, "_replaced_defaults", {})  # not a smoke run
-    zero = helpers.checks.compare_plans(
+    monkeypatch.setattr(harness.parameters, "_replaced_defaults", {})  # not a smoke run
+    zero = helpers.sizing.compare_plans(
         "gpt2_deepspeed",
         dict(
             MODEL_NAME="gpt2",
@@ -255,9 +256,9 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
 
 def test_the_plan_table_shows_the_parameter_count_and_each_rows_terms():
     # A person checking a plan needs the model's size and what each figure is made of (issue 21, item 5).
-    import helpers.checks
+    import helpers.sizing
 
-    table = helpers.checks.plan_for("llama_fsdp", LLAMA_FULL_SCALE).table()
+    table = helpers.sizing.plan_for("llama_fsdp", LLAMA_FULL_SCALE).table()
     assert table.index.name == "Llama-2-70b-chat-hf on 16 workers: 68,976,648,192 parameters"
     terms = table["main terms"]
     assert terms.iloc[0].startswith(
@@ -299,10 +300,10 @@ def test_llama_70b_lora_fits_one_node_where_full_fine_tuning_does_not():
 
 
 def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
-    import helpers.checks
+    import helpers.sizing
 
     p = {**LLAMA_FULL_SCALE, "MAX_STEPS": 500, "LORA_RANK": 0}
-    table = helpers.checks.cheapest_shapes("llama_fsdp", p)
+    table = helpers.sizing.cheapest_shapes("llama_fsdp", p)
     assert list(table.index[:6]) == [
         ("p5.48xlarge", "LoRA r=16"),
         ("p4d.24xlarge", "LoRA r=16"),
@@ -327,12 +328,12 @@ def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
     # Rank 0 loads the whole model: a 192 GiB g5.12xlarge cannot, however many there are.
     assert table.loc[("g5.12xlarge", "LoRA r=16")]["too big"] == "host RAM while loading"
     # Your prices and your MFU: the post's 2023 price gives its USD 1,106; a tuned 40 % MFU, 14x less time.
-    yours = helpers.checks.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97}, mfu=0.40)
+    yours = helpers.sizing.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97}, mfu=0.40)
     assert set(yours.index.get_level_values(0)) == {"p4de.24xlarge"} and "USD per hour (yours)" in yours
     assert yours.loc[("p4de.24xlarge", "full")]["hours (estimate)"] == pytest.approx(
-        13.5 * helpers.checks.POST_MFU / 0.40, abs=0.05
+        13.5 * helpers.sizing.POST_MFU / 0.40, abs=0.05
     )
-    then = helpers.checks.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97})
+    then = helpers.sizing.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97})
     assert then.loc[("p4de.24xlarge", "full")]["USD (estimate)"] == 1106
 
 
@@ -342,7 +343,7 @@ def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_
     # with two (16 workers: the fewest on which full fine-tuning of 70B fits) after losing one.
     import warnings
 
-    import helpers.checks
+    import harness.checks
 
     elastic = {
         **LLAMA_FULL_SCALE,
@@ -355,16 +356,16 @@ def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_
     # It fits on 16. On 16 to 23 workers the global batch of 24 sequences takes 2 micro-steps of one
     # sequence per worker, padded with weight-0 sequences: 32 to 46 sequences' compute for 24.
     with pytest.warns(UserWarning, match=r"up to 1\.92x the compute .* \(on 23 workers; on 16: 1\.33x\)"):
-        helpers.checks.check_min_workers("llama_fsdp", {**elastic, "SAVE_STEPS": 38})
+        harness.checks.check_min_workers("llama_fsdp", {**elastic, "SAVE_STEPS": 38})
     with pytest.warns(
         UserWarning,
         match=r"SAVE_STEPS=250 with MIN_WORKERS=16: .* 6\.7 h of 24 GPUs .*SAVE_STEPS=38 or fewer",
     ):
-        helpers.checks.check_elastic_save_interval(elastic)
+        harness.checks.check_elastic_save_interval(elastic)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        helpers.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 38})  # the bound it names
-        helpers.checks.check_elastic_save_interval({**elastic, "USE_GPU": False})  # CPU: no estimate
+        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 38})  # the bound it names
+        harness.checks.check_elastic_save_interval({**elastic, "USE_GPU": False})  # CPU: no estimate
 
 
 def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fit(capsys):
@@ -469,7 +470,7 @@ def test_a_checkpoint_moves_in_streams_and_ends_within_the_collective_timeout(tm
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from helpers import storage
+    from harness import storage
 
     # A rank writes STREAMS files at once and reads STREAMS ranges at once (70B: 52 GB a rank, 17 min
     # at 50 MB/s one file after another).

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import harness.cluster
+import harness.parameters
+import harness.storage
 import helpers
 from harness import tracking
 from harness.run_log import RunLog
@@ -21,7 +24,7 @@ def embedded(tmp_path, monkeypatch):
     """No MLFLOW_TRACKING_URI; the project's cache in a temporary folder."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("LLM_NOTEBOOKS_CACHE", str(tmp_path))
-    monkeypatch.setattr(helpers.parameters, "_names", ["LEARNING_RATE", "SMOKE_TEST", "STORAGE_PATH"])
+    monkeypatch.setattr(harness.parameters, "_names", ["LEARNING_RATE", "SMOKE_TEST", "STORAGE_PATH"])
     return tmp_path
 
 
@@ -88,7 +91,7 @@ def test_the_tracking_settings_reach_the_workers_and_its_secrets_only_through_th
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "canary-token")
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
-    env = helpers.cluster.job_runtime_env(attach=True)
+    env = harness.cluster.job_runtime_env(attach=True)
     assert env["env_vars"]["MLFLOW_TRACKING_URI"] == "http://mlflow.internal:5000"
     assert env["env_vars"]["MLFLOW_DISABLE_TELEMETRY"] == "true"
     assert "canary-token" not in json.dumps(env["env_vars"]) and "py_modules" in env
@@ -102,7 +105,7 @@ def test_the_tracking_settings_reach_the_workers_and_its_secrets_only_through_th
     # or a variable set twice).
     job = {"runtime_env": {"working_dir": "gcs://pkg.zip", "env_vars": {"MLFLOW_TRACKING_URI": "http://x"}}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
-    env = helpers.cluster.job_runtime_env(attach=True)
+    env = harness.cluster.job_runtime_env(attach=True)
     assert "py_modules" not in env and "MLFLOW_TRACKING_URI" not in env["env_vars"]
 
 

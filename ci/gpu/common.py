@@ -29,9 +29,9 @@ def lesson_namespace(notebook: str, params: dict | None = None) -> dict:
     import torch
 
     import helpers
-    import helpers.checks  # the front door imports its submodules lazily; the runs use these directly
     import helpers.flops
     import helpers.fsdp
+    import helpers.sizing  # the front door imports its submodules lazily; the runs use these directly
 
     namespace = {
         "__name__": f"lesson_{notebook}",

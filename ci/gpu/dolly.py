@@ -48,13 +48,13 @@ PROMPTS = ["This is", "I am", "Once more"]  # the notebook's
 def start_ray(cuda: bool) -> None:
     """A local Ray with the notebooks' settings (`helpers.start_ray`'s, without MLflow): quiet Ray Data, and
     the workers' `expandable_segments` allocator, which the plans' fragmentation figure assumes."""
-    import helpers.cluster
+    import harness.cluster
 
-    for var, value in {**helpers.cluster.RAY_ENV, **helpers.cluster.LOCAL_RAY_ENV}.items():
+    for var, value in {**harness.cluster.RAY_ENV, **harness.cluster.LOCAL_RAY_ENV}.items():
         os.environ.setdefault(var, value)
     import ray
 
-    env = {"env_vars": dict(helpers.cluster.WORKER_ENV)}
+    env = {"env_vars": dict(harness.cluster.WORKER_ENV)}
     ray.init(num_cpus=16 if cuda else 3, include_dashboard=False, logging_level="WARNING", runtime_env=env)
 
 
@@ -203,7 +203,7 @@ def main() -> None:
     runs, checkpoints, lesson_parts = [], [], (lesson["DollyV2Model"], lesson["make_fsdp_strategy"])
 
     def train(entry: dict) -> str:
-        entry["plan"] = helpers.checks.plan_for(NOTEBOOK, {**p, **entry["parameters"]}).as_dict()
+        entry["plan"] = helpers.sizing.plan_for(NOTEBOOK, {**p, **entry["parameters"]}).as_dict()
         per_gpu = [r["need"] for r in entry["plan"]["rows"] if r["where"] == "per GPU"]
         entry["plan_per_gpu_gib"] = sum(per_gpu) / 2**30
         if (left := started + args.budget - time.time()) < 35:

@@ -195,7 +195,7 @@ def main() -> None:
             raise AssertionError(f"not on the GPU: {line}")
         return line
 
-    plan = helpers.checks.plan_for(NOTEBOOK, p)  # None: GLUE's notebook has no "will it fit?" plan
+    plan = helpers.sizing.plan_for(NOTEBOOK, p)  # None: GLUE's notebook has no "will it fit?" plan
     runs = [attempt({"label": f"distilbert {p['TASK']}, {steps} steps", "plan": plan}, train)]
     header["total_seconds"] = time.time() - started
     write_result(

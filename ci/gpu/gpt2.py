@@ -12,7 +12,7 @@ an MLflow watch. Here the batches are random tokens and the observer (`train_epo
 times each step after `torch.cuda.synchronize`; steps after the first `--skip` give s/step, samples/s and
 tokens/s. The worker records peak GPU memory (allocated, reserved; reset once the engine is built) and
 peak host RSS; each run also records the notebook's "will it fit?" plan for the same parameters
-(`helpers.checks.plan_for`). DeepSpeed's CPU Adam (offload) is compiled in the background from the start.
+(`helpers.sizing.plan_for`). DeepSpeed's CPU Adam (offload) is compiled in the background from the start.
 A failing run records its error and the others go on; `--budget` seconds bound the whole script (a run
 still going then is interrupted). DIR/gpt2_deepspeed.json is written after every run.
 """
@@ -152,7 +152,7 @@ def main() -> int:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import helpers
-    from helpers.cluster import LOCAL_RAY_ENV, RAY_ENV, WORKER_ENV
+    from harness.cluster import LOCAL_RAY_ENV, RAY_ENV, WORKER_ENV
 
     tmp = Path(tempfile.mkdtemp(prefix="gpt2_gpu_"))
     with open(tmp / "cpu_adam.log", "w") as log:
@@ -196,7 +196,7 @@ def main() -> int:
         run = {"zero_stage": stage, "offload": offload}
         result["runs"].append(run)
         try:
-            plan = helpers.checks.plan_for(NOTEBOOK, {**p, "ZERO_STAGE": stage, "OFFLOAD": offload})
+            plan = helpers.sizing.plan_for(NOTEBOOK, {**p, "ZERO_STAGE": stage, "OFFLOAD": offload})
             run["plan"] = plan.as_dict()
         except Exception as e:  # noqa: BLE001 - the measurement matters more
             run["plan_error"] = repr(e)

@@ -209,7 +209,7 @@ def plan_figures(notebook: str, config: dict) -> dict:
         "LORA_RANK": config["lora_rank"],
         "LORA_MERGED": False,
     }
-    return helpers.checks.plan_for(notebook, p).as_dict()
+    return helpers.sizing.plan_for(notebook, p).as_dict()
 
 
 def run_ray(config: dict, cpus: int) -> None:

@@ -49,19 +49,19 @@ def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
         }
         p.update(BATCH_SIZE_PER_WORKER=run["batch_size_per_worker"], MAX_SEQ_LEN=run["seq_len"])
         p["USE_GRADIENT_CHECKPOINTING"] = run["gradient_checkpointing"]
-        return helpers.checks.plan_for(run["notebook"], p).as_dict()
+        return helpers.sizing.plan_for(run["notebook"], p).as_dict()
     if notebook == "dolly_lightning_fsdp":
         config = result["config"]
         p = {**parameter_defaults(notebook), **one_gpu, **run["parameters"]}
         p.update(BATCH_SIZE_PER_WORKER=config["batch_size_per_worker"], MAX_SEQ_LEN=config["seq_len"])
-        return helpers.checks.plan_for(notebook, p).as_dict()
+        return helpers.sizing.plan_for(notebook, p).as_dict()
     p = {
         **result["config"]["parameters"],
         **one_gpu,
         "ZERO_STAGE": run["zero_stage"],
         "OFFLOAD": run["offload"],
     }
-    return helpers.checks.plan_for(notebook, p).as_dict()
+    return helpers.sizing.plan_for(notebook, p).as_dict()
 
 
 def _zero_memory_as_run(result: dict) -> dict:

@@ -42,7 +42,7 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
     from torch.profiler import ProfilerActivity, profile, record_function
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    import helpers.checks
+    import helpers.sizing
     from ci.gpu.common import (
         environment,
         lesson_cells,
@@ -107,7 +107,7 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
         p = {**parameter_defaults("gpt2_deepspeed"), "NUM_WORKERS": 1, "USE_GPU": True}
         p.update(ZERO_STAGE=stage, OFFLOAD=offload, CLUSTER={"p5.48xlarge": 1}, BATCH_SIZE_PER_WORKER=1)
         p.update(MODEL_NAME=folder, MAX_SEQ_LEN=512, PRECISION="bf16")
-        plan = helpers.checks.plan_for("gpt2_deepspeed", p).as_dict()
+        plan = helpers.sizing.plan_for("gpt2_deepspeed", p).as_dict()
         shutil.rmtree(folder, ignore_errors=True)
         result = dict(environment=environment(), ds_config=ds_config, phases=phases, plan=plan)
         result.update(live_at_peak(snapshot), method=__doc__)

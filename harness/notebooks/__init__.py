@@ -2,8 +2,8 @@
 
 Each module holds:
 
-- `check(p)`: its parameter rules (the Set up cell's `helpers.checks.check_parameters`, `make plan`);
-- `plan_recipe(p)`: its recipe as the "Will it fit?" planner sees it, or None (`helpers.checks.plan_for`);
+- `check(p)`: its parameter rules (the Set up cell's `harness.checks.check_parameters`, `make plan`);
+- `plan_recipe(p)`: its recipe as the "Will it fit?" planner sees it, or None (`helpers.sizing.plan_for`);
 - `ELASTIC_REFUSED`: why it cannot go on with fewer workers (`MIN_WORKERS`), or None where it can;
 - `smoke(namespace)`: smoke mode's table, `{parameter: (full-scale default, smoke value)}`;
 - `results(ns)`: the numbers its run reports, from its globals once it has run (`helpers.save_results`).
@@ -42,7 +42,7 @@ def notebook(name: str) -> ModuleType:
 
 def smoke_table(name: str, namespace: dict) -> dict[str, tuple]:
     """The notebook's smoke table for its parameters as they are in `namespace` (its globals): builds the
-    tiny model and the fixtures (cached after the first time). `helpers.parameters.smoke_overrides` replaces
+    tiny model and the fixtures (cached after the first time). `harness.parameters.smoke_overrides` replaces
     only parameters still at their full-scale default, and prints what it replaced."""
     return notebook(name).smoke(namespace)
 
@@ -64,7 +64,7 @@ def check_common(p: dict, total_steps: int | None = None) -> None:
     """What every notebook checks: workers, batch, learning rate, placement, the planned kill (a step of a
     run of `total_steps`, None: unbounded), restarts, storage and CPUs per worker."""
     from harness.run_log import check_kill_step
-    from helpers.storage import check_storage_path
+    from harness.storage import check_storage_path
 
     check_int("NUM_WORKERS", p["NUM_WORKERS"], minimum=1)
     check_int("BATCH_SIZE_PER_WORKER", p["BATCH_SIZE_PER_WORKER"], minimum=1)
@@ -104,7 +104,7 @@ def check_cpus_per_worker(p: dict) -> None:
 
 def collect(name: str, ns: dict) -> dict:
     """The notebook `name`'s results from its globals: the keys every notebook promises, then its own."""
-    from helpers.parameters import parameter_values
+    from harness.parameters import parameter_values
 
     return {
         "notebook": name,
@@ -132,8 +132,8 @@ def section_run(
     `watch` and `result`: "When a worker dies"'s by default), as results; None where the section did not
     train. Its losses, worker groups, the kill and where it resumed, its checkpoint and MLflow run: the keys
     of a notebook's results, so the same checks read both."""
-    from helpers.parameters import parameter_values
-    from helpers.storage import uri
+    from harness.parameters import parameter_values
+    from harness.storage import uri
 
     if watch not in ns or result not in ns:
         return None

@@ -81,7 +81,7 @@ def smoke(namespace: dict) -> dict:
 
 def results(ns: dict) -> dict:
     """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from helpers.storage import uri
+    from harness.storage import uri
 
     watch, result, losses = ns["watch"], ns["result"], ns["losses"]
     ranks = watch.ranks()

@@ -53,7 +53,7 @@ def smoke(namespace: dict) -> dict:
 
 def results(ns: dict) -> dict:
     """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from helpers.storage import uri
+    from harness.storage import uri
 
     watch, eval_log, best = ns["watch"], ns["eval_log"], ns["best_checkpoint"]
     metric = f"eval_{ns['glue_task'].metric}"

@@ -88,7 +88,7 @@ def smoke(namespace: dict) -> dict:
 
 def results(ns: dict) -> dict:
     """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from helpers.storage import uri
+    from harness.storage import uri
 
     watch, result, resumed, losses = ns["watch"], ns["result"], ns["resumed"], ns["losses"]
     ranks = watch.ranks()  # what each worker measured at its first step

@@ -114,7 +114,7 @@ def smoke(namespace: dict) -> dict:
 
 def results(ns: dict) -> dict:
     """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from helpers.storage import uri
+    from harness.storage import uri
 
     watch, ranks, attempts, losses = ns["watch"], ns["ranks"], ns["attempts"], ns["losses"]
     fs, checkpoint_path = ns["fs"], ns["checkpoint_path"]

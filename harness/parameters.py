@@ -1,7 +1,7 @@
 """The notebook's parameters: names papermill may pass, smoke mode's replacements, the values a run used.
 
 Used by `helpers.set_up`, the "Set up" cell of every notebook (`smoke_overrides`, with the tables of
-`harness.notebooks.smoke_table`; `check_parameter_names` through `helpers.checks.check_parameters`), and
+`harness.notebooks.smoke_table`; `check_parameter_names` through `harness.checks.check_parameters`), and
 `parameter_values` by the "What the run showed" cell.
 """
 
@@ -11,8 +11,8 @@ import ast
 import difflib
 import json
 
-from .storage import redact
-from .validate import ParameterError
+from harness.storage import redact
+from helpers.validate import ParameterError
 
 __all__ = [
     "check_parameter_names",
@@ -85,7 +85,7 @@ def _parameters_cell_names() -> list[str]:
 
 _names: list[str] = []  # the parameters, as `check_parameter_names` found them
 # Parameters of another notebook that a notebook without them refuses with its own reason, not as unknown
-# (`helpers.checks`: MIN_WORKERS, for the notebooks that cannot continue on fewer workers).
+# (`harness.checks`: MIN_WORKERS, for the notebooks that cannot continue on fewer workers).
 REFUSED_WITH_A_REASON = {"MIN_WORKERS"}
 # Parameters that belong to another notebook now: the hint an unknown-name error gives instead of a guess.
 ELSEWHERE = {

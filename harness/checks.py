@@ -1,0 +1,228 @@
+"""The Set up cell's checks, one call each: the parameters (and "will it fit?"), then the cluster.
+
+Used by `helpers.set_up`, the "Set up" cell of every notebook:
+
+- `check_parameters(notebook, globals())` fails at once, naming the parameter and what is allowed, on
+  a name the notebook does not have (a misspelt `papermill -p`), a bad value, storage that cannot be
+  written, a model or dataset that cannot be reached, a sequence longer than the model's positions, or
+  a run the "will it fit?" plan (`helpers.sizing.plan_for`) says does not fit. It returns that plan.
+  Nothing is downloaded and no GPU is requested before it has passed.
+- `check_cluster(notebook, globals())`, after `harness.cluster.start_ray`: the Ray cluster can run the
+  workers at all (`fit()` would otherwise wait forever), every node can write to `STORAGE_PATH`, every
+  worker can reach the MLflow store (`harness.tracking`), and, for Llama, every node has the weights
+  before the first collective's timeout starts.
+
+Each notebook's own rules are in its module of `harness.notebooks`.
+"""
+
+from __future__ import annotations
+
+from harness.storage import redact, shown
+from helpers.sizing import cluster_step_seconds, global_batch, plan_for, sequences_per_gpu
+from helpers.validate import ParameterError, check_int
+
+__all__ = ["check_parameters", "check_cluster", "check_min_workers", "check_elastic_save_interval"]
+
+
+def _notebook(name: str):
+    """The notebook's module of `harness.notebooks`, imported when called: `harness.notebooks` imports
+    `helpers`, whose `set_up` imports this module."""
+    from harness.notebooks import notebook
+
+    return notebook(name)
+
+
+def _min_workers(p: dict) -> int:
+    """`MIN_WORKERS`, or `NUM_WORKERS` where it is not set (None: a fixed-size run)."""
+    value = p.get("MIN_WORKERS")
+    return p["NUM_WORKERS"] if value is None else value
+
+
+def check_min_workers(notebook: str, p: dict) -> None:
+    """`MIN_WORKERS`: None or 1..NUM_WORKERS; fewer than NUM_WORKERS makes the run elastic, which needs a
+    checkpoint that loads at another world size, and a plan that fits on MIN_WORKERS workers."""
+    value = p.get("MIN_WORKERS")
+    if value is None or value == p["NUM_WORKERS"]:
+        return
+    check_int("MIN_WORKERS", value, minimum=1)
+    if value > p["NUM_WORKERS"]:
+        raise ParameterError(
+            f"MIN_WORKERS={value}: more than NUM_WORKERS={p['NUM_WORKERS']}; use None (a fixed size) "
+            f"or 1..{p['NUM_WORKERS']}."
+        )
+    refused = _notebook(notebook).ELASTIC_REFUSED
+    if refused:
+        raise ParameterError(
+            f"MIN_WORKERS={value}: this notebook cannot continue on fewer workers: "
+            f"{refused}. It has no MIN_WORKERS parameter: a failed worker is restarted at "
+            f"NUM_WORKERS={p['NUM_WORKERS']}."
+        )
+    plan = plan_for(
+        notebook, {**p, "NUM_WORKERS": value}, title=f"the same run on MIN_WORKERS={value} workers"
+    )
+    if plan is not None:
+        too_big = [r for r in plan.rows if r.status == "too big"]
+        if too_big:
+            lora = (
+                " Or train LoRA adapters (the llama_lora notebook): a frozen base takes 2 bytes per "
+                "parameter, not 16."
+                if notebook == "llama_fsdp"
+                else ""
+            )
+            rows = "; ".join(
+                f"{r.what} ({r.where}) {r.need / 1e9:.1f} GB of {r.have / 1e9:.1f}" for r in too_big
+            )
+            raise ParameterError(
+                f"MIN_WORKERS={value}: after losing workers the run would continue on {value}, where it does "
+                f"not fit: {rows}. Raise MIN_WORKERS: fewer workers hold bigger shards." + lora
+            )
+    check_elastic_save_interval(p)
+    _check_elastic_padding(p)
+
+
+# An elastic run restarts from its last checkpoint at every resize (a node lost, or one back): up to
+# SAVE_STEPS - 1 steps run again each time. Above this many hours of them (at the post's speed), Set up warns.
+ELASTIC_REWIND_WARN_H = 1.0
+
+
+def check_elastic_save_interval(p: dict) -> None:
+    """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training."""
+    import warnings
+
+    step_s = cluster_step_seconds(p)
+    if step_s is None or (p["SAVE_STEPS"] - 1) * step_s <= ELASTIC_REWIND_WARN_H * 3600:
+        return
+    bound = max(1, int(ELASTIC_REWIND_WARN_H * 3600 // step_s) + 1)
+    warnings.warn(
+        f"SAVE_STEPS={p['SAVE_STEPS']} with MIN_WORKERS={p['MIN_WORKERS']}: every resize (a node lost, or one "
+        f"back) restarts from the last checkpoint, so up to {p['SAVE_STEPS'] - 1} steps run again, about "
+        f"{(p['SAVE_STEPS'] - 1) * step_s / 3600:.1f} h of {p['NUM_WORKERS']} GPUs at the post's speed "
+        f"({step_s:.0f} s a step), and a spot node that keeps coming and going can stop the run's progress. "
+        f"SAVE_STEPS={bound} or fewer keeps that under {ELASTIC_REWIND_WARN_H:g} h, for a checkpoint write "
+        f"every {bound} steps.",
+        stacklevel=2,
+    )
+
+
+def _check_elastic_padding(p: dict) -> None:
+    """Warn where a world size the elastic run may go on with does not divide the global batch: each rank
+    then runs ceil(global / (world x batch)) micro-steps, the last ones short or empty (weight 0), so a step
+    takes up to that many micro-steps' time for the same sequences."""
+    import warnings
+
+    batch, sequences, fewest = p["BATCH_SIZE_PER_WORKER"], global_batch(p), _min_workers(p)
+    cost = {w: sequences_per_gpu(p, w) * w / sequences for w in range(fewest, p["NUM_WORKERS"])}
+    worst = max(cost, key=cost.get, default=None)
+    if worst is None or cost[worst] < 1.25:
+        return
+    warnings.warn(
+        f"MIN_WORKERS={fewest}: on {fewest} to {p['NUM_WORKERS'] - 1} workers, a world size that does not divide "
+        f"the global batch of {sequences} sequences pads each step with sequences of weight 0 (micro-steps of "
+        f"world x {batch}): up to {cost[worst]:.2f}x the compute the step needs (on {worst} workers; on "
+        f"{fewest}: {cost[fewest]:.2f}x). Until the run grows back, its steps are that much slower than the "
+        "sequences they train on.",
+        stacklevel=2,
+    )
+
+
+def check_parameters(notebook: str, namespace: dict):
+    """Check every parameter of `notebook` (its globals, after smoke mode); return its "will it fit?" plan.
+
+    In order, each failing with a `ParameterError` that names the parameter and what is allowed: names
+    papermill passed that the notebook does not have; each value; `STORAGE_PATH` (a small object is
+    written and deleted there); the plan, from the model's architecture only (`helpers.plan`: counted
+    on PyTorch's `meta` device, nothing downloaded; a row that does not fit stops here, one above 85 %
+    warns); then whether the model and the data can be reached and the sequence fits the model; and
+    last, that MLflow can track the run (`MLFLOW_TRACKING_URI`: a server answers, no credentials in it).
+    """
+    from harness.cluster import quiet_deepspeed_on_cpu
+    from harness.parameters import check_parameter_names
+    from helpers.validate import check_max_positions, check_source_available, hub_offline
+
+    check_parameter_names(namespace)
+    _notebook(notebook).check(namespace)
+    # Only now: it imports torch (1.3 s), and a misspelt name or a bad value is reported without waiting.
+    quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
+    check_min_workers(notebook, namespace)
+    plan = plan_for(notebook, namespace)
+    if plan is not None:
+        for name, choice in plan.choices.items():  # "auto" -> the plan's choice, for the run
+            namespace[name] = choice["value"]
+            print(f"{name}='auto' -> {choice['value']}: {choice['why']}")
+        plan.check()
+    p = namespace
+    check_source_available("MODEL_NAME", p["MODEL_NAME"], "model")
+    if "GLUE_PATH" in p:
+        if not p["GLUE_PATH"].startswith("hf://"):
+            check_source_available("GLUE_PATH", p["GLUE_PATH"], "dataset")
+        elif hub_offline():
+            raise ParameterError(
+                f"GLUE_PATH={p['GLUE_PATH']!r}: the Hugging Face Hub is offline (HF_HUB_OFFLINE=1). Pass a "
+                "local copy with the same layout, go online, or run the small version with SMOKE_TEST=True."
+            )
+    else:
+        check_max_positions("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], p["MODEL_NAME"])
+        check_source_available("DATASET_NAME", p["DATASET_NAME"], "dataset")
+    from harness.tracking import check_tracking
+
+    check_tracking()  # last: the checks above need no MLflow
+    model = p["MODEL_NAME"].rstrip("/").split("/")[-1]
+    print(
+        f"Parameters OK: {model} on {p['NUM_WORKERS']} workers, checkpoints in {shown(redact(p['STORAGE_PATH']))}"
+    )
+    return plan
+
+
+def check_cluster(notebook: str, namespace: dict) -> None:
+    """After `harness.cluster.start_ray`: can this Ray cluster ever run the workers, can every node write the
+    checkpoints, and (with the Set up cell's `plan` in `namespace`) does every node have the local disk
+    for the files the plan puts there? For Llama, each node also fetches the weights now
+    (`prefetch_model_on_nodes`)."""
+    from harness.cluster import (
+        check_gpus_match_cluster,
+        check_local_disk_on_nodes,
+        check_resources,
+        check_storage_from_nodes,
+        prefetch_model_on_nodes,
+    )
+    from harness.tracking import check_tracking_from_nodes, tracking_uri
+    from helpers.plan import Plan
+
+    _notebook(notebook)  # a known notebook
+    p = namespace
+    check_tracking_from_nodes()  # first: before the weights' download below
+    fewest = _min_workers(p)  # an elastic run starts with as many as it gets, at least MIN_WORKERS
+    check_resources(
+        fewest,
+        p["USE_GPU"],
+        p.get("CPUS_PER_WORKER", 1),
+        name="MIN_WORKERS" if fewest < p["NUM_WORKERS"] else "NUM_WORKERS",
+    )
+    nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
+    where = f"; every node ({nodes}) reaches STORAGE_PATH" if nodes else ""
+    if gpu_nodes := check_gpus_match_cluster(p):
+        where += f"; the GPUs of {gpu_nodes} node(s) are CLUSTER's"
+    plan = p.get("plan")  # the Set up cell's, from check_parameters
+    if isinstance(plan, Plan):  # before the Llama prefetch below: its download is what may not fit
+        needs = {"hub cache": plan.details["hub_download_bytes"], "temp": plan.details["temp_file_bytes"]}
+        checked = check_local_disk_on_nodes(needs, p["MODEL_NAME"], p["USE_GPU"])
+        if checked:
+            where += f"; local disk checked on {checked} node(s)"
+        else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
+            where += "; no node's local disk to check yet" + (
+                ": rank 0 checks its own before it downloads (fetch_model)"
+                if notebook.startswith("llama")
+                else ""
+            )
+    if notebook in ("llama_fsdp", "llama_lora"):
+        seconds = prefetch_model_on_nodes("MODEL_NAME", p["MODEL_NAME"], p["USE_GPU"])
+        if seconds:
+            where += f"; the weights are on {len(seconds)} node(s), slowest {max(seconds.values()):.0f} s"
+        else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
+            where += "; no node to fetch the weights on yet: rank 0 will download them itself"
+    room = (
+        f"{p['NUM_WORKERS']} workers"
+        if fewest == p["NUM_WORKERS"]
+        else f"{fewest} to {p['NUM_WORKERS']} workers"
+    )
+    print(f"Cluster OK: room for {room}{where}; runs tracked in MLflow at {shown(redact(tracking_uri()))}")
