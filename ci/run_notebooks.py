@@ -34,7 +34,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ci.run_summary import final_number, load_results, write_summaries
@@ -322,27 +322,72 @@ class FinishedRun:
         return EndsFinishedKernels
 
 
-def execute(notebook: Path, run_dir: Path, progress: Progress) -> tuple[str, str]:
-    """Run one notebook with papermill into `run_dir` (executed notebook, NAME.log, the results JSON the
-    notebook writes); return (status, error)."""
+def run_papermill(
+    notebook: Path,
+    output: Path,
+    parameters: dict,
+    *,
+    kernel_env: Mapping[str, str] | None = None,
+    kernel_output=None,
+    timeout: float | None = None,
+    on_cell_start: Callable | None = None,
+    on_cell_executed: Callable | None = None,
+    **streams,
+) -> None:
+    """Execute `notebook` into `output` with papermill, as `make run` and the tests both run it: in the
+    notebook's folder, no progress bar, each cell within `timeout` seconds, and a kernel ended at once after
+    a last cell that succeeded (`FinishedRun`).
+
+    Args:
+        kernel_env: the kernel's whole environment, so that runs in threads side by side never change this
+            process's; None: this process's.
+        kernel_output: a file for the kernel's own messages (e.g. "running over TCP without encryption").
+        on_cell_start, on_cell_executed: papermill's hooks.
+        streams: papermill's `stdout_file` and `stderr_file`.
+    """
     import papermill
     from jupyter_client.manager import AsyncKernelManager
 
+    finished = FinishedRun(notebook)
+
+    class KernelManager(finished.kernel_manager(AsyncKernelManager)):
+        async def start_kernel(self, **kw):
+            if kernel_env is not None:
+                kw["env"] = dict(kernel_env)
+            if kernel_output is not None:
+                kw.setdefault("stdout", kernel_output)
+                kw.setdefault("stderr", kernel_output)
+            return await super().start_kernel(**kw)
+
+    def executed(cell, cell_index: int, execute_reply) -> None:
+        finished.on_cell_executed(cell, cell_index, execute_reply)
+        if on_cell_executed is not None:
+            on_cell_executed(cell, cell_index, execute_reply)
+
+    papermill.execute_notebook(
+        str(notebook),
+        str(output),
+        parameters=parameters,
+        kernel_name="python3",
+        cwd=str(notebook.parent),
+        execution_timeout=timeout,
+        progress_bar=False,
+        kernel_manager_class=KernelManager,
+        on_cell_start=on_cell_start,
+        on_cell_executed=executed,
+        **streams,
+    )
+
+
+def execute(notebook: Path, run_dir: Path, progress: Progress) -> tuple[str, str]:
+    """Run one notebook with papermill into `run_dir` (executed notebook, NAME.log, the results JSON the
+    notebook writes); return (status, error)."""
     name = notebook.stem
     results_path = run_dir / f"{name}.json"
-    finished = FinishedRun(notebook)
     with open(run_dir / f"{name}.log", "a", buffering=1, encoding="utf-8", errors="replace") as log:
-
-        class KernelManager(finished.kernel_manager(AsyncKernelManager)):
-            async def start_kernel(self, **kw):
-                # the kernel's own messages ("Kernel is running over TCP without encryption...") go to the log
-                kw.setdefault("stdout", log)
-                kw.setdefault("stderr", log)
-                return await super().start_kernel(**kw)
 
         def on_cell_executed(cell, cell_index: int, execute_reply) -> None:
             progress.cell_done()
-            finished.on_cell_executed(cell, cell_index, execute_reply)
 
         def on_cell_start(cell, cell_index: int) -> None:
             progress.cell(cell)
@@ -362,18 +407,15 @@ def execute(notebook: Path, run_dir: Path, progress: Progress) -> tuple[str, str
         try:
             with warnings.catch_warnings():
                 warnings.showwarning = show_warning  # this process's warnings: into the log too
-                papermill.execute_notebook(
-                    str(notebook),
-                    str(run_dir / f"{name}.ipynb"),
-                    parameters={"SMOKE_TEST": True, "RESULTS_PATH": str(results_path)},
-                    kernel_name="python3",
-                    cwd=str(notebook.parent),
-                    progress_bar=False,
-                    stdout_file=_Stream("stdout", log, progress),
-                    stderr_file=_Stream("stderr", log, progress),
-                    kernel_manager_class=KernelManager,
+                run_papermill(
+                    notebook,
+                    run_dir / f"{name}.ipynb",
+                    {"SMOKE_TEST": True, "RESULTS_PATH": str(results_path)},
+                    kernel_output=log,
                     on_cell_start=on_cell_start,
                     on_cell_executed=on_cell_executed,
+                    stdout_file=_Stream("stdout", log, progress),
+                    stderr_file=_Stream("stderr", log, progress),
                 )
         except Exception as exc:  # noqa: BLE001 - recorded in the summary, the run goes on
             status, error = "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"

@@ -1,8 +1,10 @@
-"""The suite's run machinery, which a learner never needs to read: the observers that watch a run from
-outside (progress lines, a planned failure, MLflow tracking, the run log, results), smoke mode (tiny local
-models, fixture data and their cache), one module per notebook of what the suite must know of it
-(`harness.notebooks`), and bf16 matrix products on CPUs without bf16 instructions.
+"""The suite's run machinery, which a learner never needs to read: the Set up cell's checks (`checks`,
+`parameters`), starting or attaching to Ray and the checks on every node (`cluster`), storage deadlines,
+retries and streams (`storage`), the observers that watch a run from outside (progress lines, a planned
+failure, MLflow tracking, the run log, results), smoke mode (tiny local models, fixture data and their
+cache), one module per notebook of what the suite must know of it (`harness.notebooks`), and bf16 matrix
+products on CPUs without bf16 instructions.
 
 The notebooks call `helpers`, which re-exports the names they use from here (`helpers.watch`,
-`helpers.show_run`, `helpers.save_results`).
+`helpers.show_run`, `helpers.save_results`, `helpers.storage.dcp_writer`).
 """

@@ -1,12 +1,11 @@
-"""What the notebooks call: set-up, parameter checks, storage for checkpoints and results, FSDP and
-ZeRO pieces, the "Will it fit?" planner and plots.
+"""What the lessons call: the Set up call, checkpoints in storage, FSDP and ZeRO pieces, the "Will it fit?"
+planner (`plan`, `sizing`, `cost`), meters and plots.
 
-The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) stay in the
-notebooks; this package holds only set-up a learner should not have to wade through. The names below
-are the ones the notebooks call; everything else lives in its module (`harness.storage`,
-`helpers.plan`, ...). The observers that watch a run from outside (progress, a planned failure, MLflow
-tracking, results) and smoke mode are the `harness` package; the names the notebooks call from it
-(`watch`, the observers, `show_run`, `save_results`) are here too.
+The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) stay in the notebooks. The
+names below are the ones the notebooks call; everything else lives in its module (`helpers.storage`,
+`helpers.plan`, ...). The run machinery behind them (the Set up cell's checks, starting Ray, storage
+deadlines, the observers, MLflow tracking, results, smoke mode) is the `harness` package; the names the
+notebooks call from it (`watch`, the observers, `show_run`, `save_results`) are here too.
 """
 
 from harness.observe import Observer, lightning_observer, trainer_observer, watch

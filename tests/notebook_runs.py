@@ -401,19 +401,6 @@ class RunTooSlow(TimeoutError):
     """A notebook run went past its time budget: the message names the notebook, the run and the cell."""
 
 
-def _kernel_manager_with(env: Mapping[str, str], finished):
-    """A kernel manager whose kernel gets `env` as its whole environment (jupyter_client's own `env`
-    argument), so that runs in threads side by side never change this process's environment, and which
-    ends the kernel at once after a run that `finished` (ci/run_notebooks.py's `FinishedRun`)."""
-    from jupyter_client import AsyncKernelManager
-
-    class WithEnv(finished.kernel_manager(AsyncKernelManager)):
-        async def start_kernel(self, **kw):
-            return await super().start_kernel(**{**kw, "env": dict(env)})
-
-    return WithEnv
-
-
 def _slowest_cells(executed: Path, count: int = 3) -> str:
     """`[index] first line (seconds)` of the cells that took longest, from papermill's per-cell record."""
     try:
@@ -447,9 +434,7 @@ def execute(
     budget (at least twice its time measured on a fresh clone, see docs/testing.md), is also each cell's
     papermill timeout; a run past it raises `RunTooSlow` naming the notebook, the run and the cell.
     """
-    import papermill
-
-    from ci.run_notebooks import FinishedRun
+    from ci.run_notebooks import run_papermill
 
     out_dir = ARTIFACTS / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -460,20 +445,13 @@ def execute(
     error = None
     try:
         for attempt in (1, 2):
-            finished = FinishedRun(NOTEBOOKS / f"{name}.ipynb")
             try:
-                papermill.execute_notebook(
-                    str(NOTEBOOKS / f"{name}.ipynb"),
-                    str(executed),
-                    parameters={"RESULTS_PATH": str(results_path), **parameters},
-                    kernel_name="python3",
-                    cwd=str(NOTEBOOKS),
-                    execution_timeout=budget_s,
-                    progress_bar=False,
-                    kernel_manager_class=_kernel_manager_with(
-                        {**notebook_env(cluster), **(env or {})}, finished
-                    ),
-                    on_cell_executed=finished.on_cell_executed,
+                run_papermill(
+                    NOTEBOOKS / f"{name}.ipynb",
+                    executed,
+                    {"RESULTS_PATH": str(results_path), **parameters},
+                    kernel_env={**notebook_env(cluster), **(env or {})},
+                    timeout=budget_s,
                 )
                 break
             except RuntimeError as exc:

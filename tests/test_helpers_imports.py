@@ -164,3 +164,6 @@ def test_the_layout_file_names_every_folder_and_module():
         name = next(m for m in module if m)
         assert name in modules or (ROOT / "ci" / f"{name}.py").exists(), name
     assert "`harness/notebooks/<name>.py`" in layout and "`NAMES`" in layout
+    from harness.notebooks import NAMES  # the notebooks' modules: one for each .ipynb, and no other
+
+    assert NAMES == tuple(sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")))

@@ -8,12 +8,14 @@ Each module holds:
 - `smoke(namespace)`: smoke mode's table, `{parameter: (full-scale default, smoke value)}`;
 - `results(ns)`: the numbers its run reports, from its globals once it has run (`helpers.save_results`).
 
-What they share is here. A sixth notebook adds its `.ipynb`, a module here, its name to `NAMES`, and its test.
+What they share is here. A sixth notebook adds its `.ipynb`, a module here (`NAMES` lists the modules), and
+its test.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from types import ModuleType
 
 from helpers.validate import ParameterError, check_choice, check_int, check_positive
@@ -29,7 +31,8 @@ __all__ = [
     "held_out_results",
 ]
 
-NAMES = ("gpt2_deepspeed", "dolly_lightning_fsdp", "llama_fsdp", "llama_lora", "glue_text_classification")
+# One module per notebook, named as its .ipynb: the modules of this package are the notebooks.
+NAMES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)))
 PLACEMENTS = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
