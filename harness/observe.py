@@ -166,7 +166,7 @@ def _held(facts: dict) -> dict:
     return row
 
 
-class _Watching:
+class _ObserverBase:
     """What every framework's observer does, whatever calls it: the attempt's start and each rank's facts,
     the planned kill, the loss averaged over the workers, and one warning line for the first error."""
 
@@ -253,7 +253,7 @@ class _Watching:
             return None
 
 
-class Observer(_Watching):
+class Observer(_ObserverBase):
     """For a plain training loop, in each worker: `step(step, loss)` once per optimizer step, on every rank
     (the loss average is a collective).
 
@@ -376,7 +376,7 @@ def lightning_observer(watch: Watch):
     FSDP sharded them and their dtypes; after the first step, the bytes its shards hold."""
     import lightning.pytorch as pl
 
-    class LightningObserver(pl.Callback, _Watching):
+    class LightningObserver(pl.Callback, _ObserverBase):
         def __init__(self) -> None:
             self._watch(watch)
             self.num_params, self.measured = 0, False
@@ -427,7 +427,7 @@ def trainer_observer(watch: Watch, metric: str):
     line naming `metric` and its numbers to MLflow, each rank's node, and the planned kill."""
     from transformers import TrainerCallback
 
-    class TrainerObserver(TrainerCallback, _Watching):
+    class TrainerObserver(TrainerCallback, _ObserverBase):
         def __init__(self) -> None:
             self._watch(watch)
 

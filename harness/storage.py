@@ -2,8 +2,8 @@
 
 Used by `harness.checks.check_parameters` and `harness.checks.check_cluster` (the "Set up" cell of every notebook),
 and by their result cells (`uri`), so that the same code reads checkpoints from a folder or a bucket;
-`checkpoint_folder` by the training functions of the GPT-2 and GLUE notebooks when they resume, and
-`stored_folder` by Dolly's, which reads its shards where they are stored.
+`fetch_checkpoint` by the training functions of the GPT-2 and GLUE notebooks when they resume, and
+`checkpoint_in_place` by Dolly's, which reads its shards where they are stored.
 
 Ray Train resolves `STORAGE_PATH` with `pyarrow.fs.FileSystem.from_uri`; so do these checks, so
 that they see what Ray will see. For an S3-compatible store other than AWS, the standard AWS
@@ -31,8 +31,8 @@ __all__ = [
     "dcp_writer",
     "dcp_reader",
     "StorageStalled",
-    "checkpoint_folder",
-    "stored_folder",
+    "fetch_checkpoint",
+    "checkpoint_in_place",
     "trainer_rank_files",
 ]
 
@@ -644,7 +644,7 @@ def _file_sizes(fs, root: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) -> Iterator[_FetchedFolder]:
+def fetch_checkpoint(checkpoint, files: Callable[[str], bool] | None = None) -> Iterator[_FetchedFolder]:
     """A local folder with a Ray Train checkpoint's files, for this process only.
 
     The checkpoint's own folder where it is on a local (or NFS) filesystem; otherwise a private
@@ -695,12 +695,12 @@ def checkpoint_folder(checkpoint, files: Callable[[str], bool] | None = None) ->
         yield fetched(folder)
 
 
-LAST_FETCH: list[int] = []  # (bytes fetched, checkpoint bytes) of this process's last checkpoint_folder
+LAST_FETCH: list[int] = []  # (bytes fetched, checkpoint bytes) of this process's last fetch_checkpoint
 LAST_READ: list = []  # (reader, filesystem, path) of this process's last dcp_reader
 
 
 def take_last_fetch() -> tuple[int, int] | None:
-    """What this process's last `checkpoint_folder` fetched, or its last `dcp_reader` read, once: (bytes
+    """What this process's last `fetch_checkpoint` fetched, or its last `dcp_reader` read, once: (bytes
     fetched, the checkpoint's bytes)."""
     got = tuple(LAST_FETCH) or None
     if got is None and LAST_READ:
@@ -726,7 +726,7 @@ def take_last_fetch() -> tuple[int, int] | None:
 
 def trainer_rank_files(rank: int) -> Callable[[str], bool]:
     """The files of a Hugging Face `Trainer` checkpoint that rank `rank` reads to resume, a filter for
-    `checkpoint_folder(checkpoint, files=...)`: all but the other ranks' random states
+    `fetch_checkpoint(checkpoint, files=...)`: all but the other ranks' random states
     (`rng_state_<r>.pth`). Under DDP every rank holds the whole model and optimizer state, so it needs
     the rest: the weights, `optimizer.pt`, `scheduler.pt`, `trainer_state.json`."""
 
@@ -740,7 +740,7 @@ def trainer_rank_files(rank: int) -> Callable[[str], bool]:
 
 
 class _FetchedFolder(str):
-    """A local folder (`checkpoint_folder`'s) that is a `str`, and says what it cost: `bytes_fetched` of
+    """A local folder (`fetch_checkpoint`'s) that is a `str`, and says what it cost: `bytes_fetched` of
     the `checkpoint_bytes` of the whole checkpoint."""
 
     bytes_fetched: int
@@ -758,7 +758,7 @@ class _FetchedFolder(str):
 class StoredFolder(str):
     """A folder of a Ray Train checkpoint, named by its URI (or local path), to be read where it is stored.
 
-    `stored_folder(checkpoint, "checkpoint.ckpt")` gives one; passed as Lightning's `ckpt_path` to the
+    `checkpoint_in_place(checkpoint, "checkpoint.ckpt")` gives one; passed as Lightning's `ckpt_path` to the
     FSDP strategy of `helpers.fsdp_strategy_class()`, each rank reads from the bucket (or NFS folder)
     only the byte ranges of its own shards, with `dcp_reader`, instead of downloading the whole
     checkpoint first. After the load, `bytes_read` says what the rank read, of `checkpoint_bytes`.
@@ -776,7 +776,7 @@ class StoredFolder(str):
         return folder
 
 
-def stored_folder(checkpoint, subfolder: str = "") -> StoredFolder:
+def checkpoint_in_place(checkpoint, subfolder: str = "") -> StoredFolder:
     """`subfolder` of a Ray Train `checkpoint`, to be read in place (`StoredFolder`); `checkpoint_bytes`
     is the size of the whole checkpoint."""
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")

@@ -28,7 +28,7 @@ from .metrics import GlueMetric
 from .notebook import set_up
 from .plots import plot_losses
 from .validate import ParameterError, choose_attention
-from .zero_checkpoint import zero_checkpoint_folder
+from .zero_checkpoint import fetch_zero_checkpoint
 
 __all__ = [
     # modules: the notebooks name cluster, fsdp, plan, sizing and storage
@@ -55,5 +55,5 @@ __all__ = [
     "trainer_observer",
     "watch",
     "write_results",
-    "zero_checkpoint_folder",
+    "fetch_zero_checkpoint",
 ]

@@ -13,7 +13,7 @@ workers holds half the parameters) on CPU workers as on GPUs:
   folder, so a rank on another node would write its shard into a folder nobody uploads, and the
   checkpoint in storage would lack that shard. Here each rank keeps its own path; Ray Train uploads
   every rank's folder into the same checkpoint directory, which then holds all the shards.
-- **Resuming reads each rank's shards where they are stored.** Given a `harness.storage.stored_folder`
+- **Resuming reads each rank's shards where they are stored.** Given a `harness.storage.checkpoint_in_place`
   as `ckpt_path`, `load_checkpoint` loads as Lightning's does (the model's sharded state dict, then
   each optimizer's) but through `harness.storage.dcp_reader`, which fetches only the byte ranges this
   rank's shards need, straight from the bucket. Lightning's own load needs a local folder, so each

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from .validate import ParameterError
 
 __all__ = [
-    "zero_checkpoint_folder",
+    "fetch_zero_checkpoint",
     "zero_rank_files",
     "zero_checkpoint_world_size",
     "check_zero_checkpoint_workers",
@@ -34,7 +34,7 @@ _SHARD = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim|mod
 
 def zero_rank_files(rank: int) -> Callable[[str], bool]:
     """The files of a DeepSpeed checkpoint that rank `rank` reads: a filter of relative paths, for
-    `harness.storage.checkpoint_folder(checkpoint, files=...)`.
+    `harness.storage.fetch_checkpoint(checkpoint, files=...)`.
 
     Everything but the other ranks' shards: this rank's `zero_pp_rank_{rank}` files, and the files
     every rank reads (`latest`, the stage 0-2 `mp_rank_00_model_states.pt`, the notebook's own). With 2
@@ -111,14 +111,14 @@ def check_zero_checkpoint_workers(checkpoint, num_workers: int, name: str = "NUM
 
 
 @contextlib.contextmanager
-def zero_checkpoint_folder(checkpoint, rank: int, world_size: int) -> Iterator[str]:
+def fetch_zero_checkpoint(checkpoint, rank: int, world_size: int) -> Iterator[str]:
     """A local folder with what rank `rank` of `world_size` reads of a DeepSpeed checkpoint (a Ray
     `Checkpoint`): its own shard and the files every rank reads, not the other ranks' shards
     (`zero_rank_files`), after checking that as many workers saved it (`check_zero_checkpoint_workers`).
     Where the checkpoint is in a bucket, the copy is this process's own, deleted at the end of the block
-    (`harness.storage.checkpoint_folder`)."""
-    from harness.storage import checkpoint_folder
+    (`harness.storage.fetch_checkpoint`)."""
+    from harness.storage import fetch_checkpoint
 
     check_zero_checkpoint_workers(checkpoint, world_size)
-    with checkpoint_folder(checkpoint, files=zero_rank_files(rank)) as folder:
+    with fetch_checkpoint(checkpoint, files=zero_rank_files(rank)) as folder:
         yield folder

@@ -221,14 +221,14 @@ def test_checkpoint_folder_is_private_to_each_reader(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "trainer_state.json").write_text('{"step": 32}')
     local = ray.train.Checkpoint(str(tmp_path / "ckpt"))
-    with harness.storage.checkpoint_folder(local) as folder:
+    with harness.storage.fetch_checkpoint(local) as folder:
         assert folder == str(tmp_path / "ckpt")  # a local (or NFS) checkpoint is read where it is
     remote = ray.train.Checkpoint(
         "ckpt", filesystem=pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     )
     with (
-        harness.storage.checkpoint_folder(remote) as first,
-        harness.storage.checkpoint_folder(remote) as second,
+        harness.storage.fetch_checkpoint(remote) as first,
+        harness.storage.fetch_checkpoint(remote) as second,
     ):
         assert first != second and str(tmp_path) not in first
         for folder in (first, second):

@@ -150,16 +150,16 @@ def test_checkpoint_folder_fetches_only_the_chosen_files_and_counts_them(tmp_pat
     (tmp_path / "ckpt" / "sub" / "theirs.pt").write_bytes(b"x" * 70)
     mine = lambda path: path == "mine.pt"  # noqa: E731
     local = ray.train.Checkpoint(str(tmp_path / "ckpt"))
-    with harness.storage.checkpoint_folder(local, files=mine) as folder:
+    with harness.storage.fetch_checkpoint(local, files=mine) as folder:
         assert folder == str(tmp_path / "ckpt")  # read where it is: nothing to copy
         assert (folder.bytes_fetched, folder.checkpoint_bytes) == (30, 100)
     bucket = ray.train.Checkpoint(
         "ckpt", filesystem=pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     )
-    with harness.storage.checkpoint_folder(bucket, files=mine) as folder:
+    with harness.storage.fetch_checkpoint(bucket, files=mine) as folder:
         assert os.listdir(folder) == ["mine.pt"] and (folder.bytes_fetched, folder.checkpoint_bytes) == (
             30,
             100,
         )
-    with harness.storage.checkpoint_folder(bucket) as folder:  # no filter: all of it, as before
+    with harness.storage.fetch_checkpoint(bucket) as folder:  # no filter: all of it, as before
         assert sorted(os.listdir(folder)) == ["mine.pt", "sub"] and folder.bytes_fetched == 100

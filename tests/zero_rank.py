@@ -62,7 +62,7 @@ def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder:
 
     "save": three training steps, then `save_checkpoint` into `folder`/checkpoint. "load": resume from
     it as the GPT-2 notebook does, through a filesystem that is not pyarrow's LocalFileSystem (as a
-    bucket is), so `checkpoint_folder` copies; at another world size, the check's refusal and
+    bucket is), so `fetch_checkpoint` copies; at another world size, the check's refusal and
     DeepSpeed's own error, then DeepSpeed's universal checkpoint (converted by the test). Each rank puts
     `(rank, what it saw)` on `results`; the loss of a fixed batch compares the saved and loaded weights.
     """
@@ -121,7 +121,7 @@ def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder:
             saw["world_size"] = helpers.zero_checkpoint.check_zero_checkpoint_workers(ckpt, world_size)
         except helpers.ParameterError as exc:
             saw["refused"] = str(exc)
-        with helpers.storage.checkpoint_folder(
+        with helpers.storage.fetch_checkpoint(
             ckpt, files=helpers.zero_checkpoint.zero_rank_files(rank)
         ) as local:
             saw["bytes_fetched"], saw["checkpoint_bytes"] = local.bytes_fetched, local.checkpoint_bytes
