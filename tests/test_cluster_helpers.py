@@ -213,7 +213,7 @@ def test_storage_path_checks(tmp_path):
     assert harness.storage.uri(LocalFileSystem(), "/x/y") == "/x/y"
 
 
-def test_checkpoint_folder_is_private_to_each_reader(tmp_path):
+def test_a_fetched_checkpoint_is_private_to_each_reader(tmp_path):
     # A filesystem that is not pyarrow's LocalFileSystem stands for a bucket: each reader gets its own copy.
     import pyarrow.fs as pafs
     import ray.train

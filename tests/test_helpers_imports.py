@@ -90,8 +90,8 @@ def test_helpers_and_harness_have_no_import_cycle():
 
 def test_every_module_imports_first_in_a_fresh_interpreter():
     # The graph leaves the packages' front doors out; importing each module first, in a process of its
-    # own, is what finds a cycle through one (harness.notebooks -> helpers/__init__ -> helpers.checks ->
-    # harness.notebooks, half-initialised).
+    # own, is what finds a cycle through one (harness.storage -> helpers.validate -> helpers/__init__ ->
+    # helpers.storage -> harness.storage, half-initialised).
     import subprocess
     import sys
 

@@ -111,3 +111,16 @@ def test_llama_recipe_is_generated_from_the_llama_fsdp_notebook():
     assert not defined & shared, (
         f"llama_lora repeats {sorted(defined & shared)}: import them from helpers.llama_recipe"
     )
+
+
+def test_compiling_the_layers_is_a_lesson_knob_the_parameters_check():
+    """`USE_COMPILE`: on at full scale (measured faster on a GPU, docs/gpu.md), a bool or refused by name."""
+    from ci.plan import parameters
+    from harness.notebooks import notebook
+    from helpers.validate import ParameterError
+
+    p = parameters("llama_fsdp", [])
+    assert p["USE_COMPILE"] is True
+    notebook("llama_fsdp").check(p)
+    with pytest.raises(ParameterError, match="USE_COMPILE"):
+        notebook("llama_fsdp").check({**p, "USE_COMPILE": "yes"})

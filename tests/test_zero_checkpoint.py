@@ -141,7 +141,7 @@ def test_run_log_keeps_what_each_resuming_rank_fetched():
     assert summary["resume_bytes_per_rank"] == [620, 600] and summary["checkpoint_bytes"] == 1000
 
 
-def test_checkpoint_folder_fetches_only_the_chosen_files_and_counts_them(tmp_path):
+def test_fetch_checkpoint_fetches_only_the_chosen_files_and_counts_them(tmp_path):
     import pyarrow.fs as pafs
     import ray.train
 

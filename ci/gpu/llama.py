@@ -261,6 +261,7 @@ def main() -> None:
         "model_name": str(model_dir),
         "vocab_size": 32000,
         "use_flash_attn": True,  # the notebook's default: sdpa, with a warning, where flash-attn is missing
+        "use_compile": False,  # eager, as the runs committed before USE_COMPILE (2026-11-28) measured
         "use_gpu": cuda,
         "seq_len": 64 if args.smoke else 2048,
         "batch_size_per_worker": 1 if args.smoke else 2,
@@ -281,6 +282,12 @@ def main() -> None:
             {"use_gradient_checkpointing": True},
         ),
         ("ray, no activation checkpointing", "ray", "llama_fsdp", {"use_gradient_checkpointing": False}),
+        (  # the notebook's full-scale defaults on a GPU: layers compiled, AdamW fused
+            "ray, compiled, activation checkpointing",
+            "ray",
+            "llama_fsdp",
+            {"use_gradient_checkpointing": True, "use_compile": True},
+        ),
         (
             "ray, LoRA r=16",
             "ray",
