@@ -17,19 +17,12 @@ Each notebook's own rules are in its module of `harness.notebooks`.
 
 from __future__ import annotations
 
+from harness.notebooks import notebook as _notebook
 from harness.storage import redact, shown
 from helpers.sizing import cluster_step_seconds, global_batch, plan_for, sequences_per_gpu
 from helpers.validate import ParameterError, check_int
 
 __all__ = ["check_parameters", "check_cluster", "check_min_workers", "check_elastic_save_interval"]
-
-
-def _notebook(name: str):
-    """The notebook's module of `harness.notebooks`, imported when called: `harness.notebooks` imports
-    `helpers`, whose `set_up` imports this module."""
-    from harness.notebooks import notebook
-
-    return notebook(name)
 
 
 def _min_workers(p: dict) -> int:
