@@ -38,7 +38,7 @@ SMOKE = dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_att
 
 
 def build_model(folder: Path, sizes: dict, device: str) -> None:
-    """A random-weight Llama 2 architecture model, stored in bf16 like the Hub's checkpoints."""
+    """A random-weight Llama 2 architecture model, stored in half precision (bf16) as the Hub's are (fp16)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
