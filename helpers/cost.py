@@ -10,12 +10,13 @@ from __future__ import annotations
 
 __all__ = ["INSTANCE_PRICES", "PRICES_AS_OF", "run_cost"]
 
-# AWS EC2 on-demand USD per hour, us-east-1, Linux. The g4dn.4xlarge and g4dn.8xlarge prices are the
-# ones the original tutorial used (its run: 2025-09-30; it dates no price); the g4dn and g5 others are from the same public price list. The
-# P4 and P5 prices are those after AWS's price cut of up to 45 % for them, effective for on-demand use on
-# 2025-06-01 ("Announcing up to 45% price reduction for Amazon EC2 NVIDIA GPU-accelerated instances", AWS,
-# 2025-06-05), as SkyPilot's catalog lists them (skypilot-org/skypilot-catalog, catalogs/v8/aws/vms.csv at
-# 00148f2a; before the cut, catalogs/v7: p4d 32.7726, p4de 40.96575, p5 98.32). Read 2026-11-25.
+# AWS EC2 on-demand USD per hour, us-east-1, Linux. The g4dn.4xlarge and g4dn.8xlarge prices are the ones the
+# original tutorial used (its run: 2025-09-30; it dates no price); the g4dn and g5 others are from the same
+# public price list. The P4 and P5 prices are those after AWS's price cut of up to 45 % for them, effective
+# for on-demand use on 2025-06-01 ("Announcing up to 45% price reduction for Amazon EC2 NVIDIA GPU-accelerated
+# instances", AWS, 2025-06-05), as SkyPilot's catalog lists them (skypilot-org/skypilot-catalog,
+# catalogs/v8/aws/vms.csv at 00148f2a; before the cut, catalogs/v7: p4d 32.7726, p4de 40.96575, p5 98.32).
+# Read 2026-11-25.
 PRICES_AS_OF = "AWS on demand, us-east-1, 2025-06"
 INSTANCE_PRICES = {
     "g4dn.xlarge": 0.526,  # 1 T4
