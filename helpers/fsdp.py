@@ -7,7 +7,7 @@ workers holds half the parameters) on CPU workers as on GPUs:
 - **Sharded checkpoints, each rank in its own folder.** With `state_dict_type="sharded"` every rank
   writes only its shard of the weights and the optimizer state (torch's distributed checkpoint).
   With Lightning's default, "full", rank 0 gathers the whole model and the whole optimizer state into
-  its host memory at every checkpoint: about 83 GB for dolly-v2-7b in fp32, more than a 64 GiB
+  its host memory at every checkpoint: about 82 GB for dolly-v2-7b in fp32, more than a 64 GiB
   g4dn.4xlarge has. But Lightning's `save_checkpoint` and `load_checkpoint` broadcast rank 0's path
   and every rank writes there: Ray's `RayTrainReportCallback` gives each rank its own temporary
   folder, so a rank on another node would write its shard into a folder nobody uploads, and the
