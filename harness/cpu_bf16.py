@@ -66,17 +66,30 @@ def install(force: bool = False) -> bool:
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when `torch` is first imported, it runs `install` after torch's own code."""
+    """Finds nothing itself: when `torch` is first imported, it runs `install` after torch's own code.
+
+    A lookup that does not import (`importlib.util.find_spec("torch")`, as transformers' `is_torch_available`
+    does before any import of torch) gets a spec whose loader is wrapped too, and the finder stays in place
+    until torch's module has really been executed: the import that follows finds it again."""
+
+    _looking = False
 
     def find_spec(self, name, path, target=None):
-        if name != "torch":
+        if name != "torch" or self._looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        self._looking = True
+        try:
+            spec = importlib.util.find_spec("torch")  # the finders after this one
+        finally:
+            self._looking = False
+        if spec is None or spec.loader is None:
+            return spec
         run_torch = spec.loader.exec_module
 
         def exec_module(module):
             run_torch(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             install()
 
         spec.loader.exec_module = exec_module
