@@ -73,28 +73,39 @@ def check_min_workers(notebook: str, p: dict) -> None:
     _check_elastic_padding(p)
 
 
-# An elastic run restarts from its last checkpoint at every resize (a node lost, or one back): up to
-# SAVE_STEPS - 1 steps run again each time. Above this many hours of them (at the post's speed), Set up warns.
+# An elastic run restarts from its latest checkpoint at every resize: losing a node repeats the steps since the
+# last of every SAVE_STEPS (up to SAVE_STEPS - 1), growing back those since the last of every SHORT_SAVE_STEPS
+# (the group saves that often while short of workers). Above this many hours (at the post's speed), Set up warns.
 ELASTIC_REWIND_WARN_H = 1.0
 
 
 def check_elastic_save_interval(p: dict) -> None:
-    """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training."""
+    """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training: losing
+    a node, the full group's steps; growing back, the short group's, each step as long as on MIN_WORKERS."""
     import warnings
 
     step_s = cluster_step_seconds(p)
-    if step_s is None or (p["SAVE_STEPS"] - 1) * step_s <= ELASTIC_REWIND_WARN_H * 3600:
+    if step_s is None:
         return
-    bound = max(1, int(ELASTIC_REWIND_WARN_H * 3600 // step_s) + 1)
-    warnings.warn(
-        f"SAVE_STEPS={p['SAVE_STEPS']} with MIN_WORKERS={p['MIN_WORKERS']}: every resize (a node lost, or one "
-        f"back) restarts from the last checkpoint, so up to {p['SAVE_STEPS'] - 1} steps run again, about "
-        f"{(p['SAVE_STEPS'] - 1) * step_s / 3600:.1f} h of {p['NUM_WORKERS']} GPUs at the post's speed "
-        f"({step_s:.0f} s a step), and a spot node that keeps coming and going can stop the run's progress. "
-        f"SAVE_STEPS={bound} or fewer keeps that under {ELASTIC_REWIND_WARN_H:g} h, for a checkpoint write "
-        f"every {bound} steps.",
-        stacklevel=2,
-    )
+    fewest = _min_workers(p)
+    rewinds = [
+        ("SAVE_STEPS", "losing a node", p["NUM_WORKERS"], step_s),
+        # The same global batch on fewer GPUs: each step takes that much longer.
+        ("SHORT_SAVE_STEPS", "growing back", fewest, step_s * p["NUM_WORKERS"] / fewest),
+    ]
+    for name, resize, gpus, seconds in rewinds:
+        every = p.get(name, 1)
+        if (every - 1) * seconds <= ELASTIC_REWIND_WARN_H * 3600:
+            continue
+        bound = max(1, int(ELASTIC_REWIND_WARN_H * 3600 // seconds) + 1)
+        warnings.warn(
+            f"{name}={every} with MIN_WORKERS={fewest}: {resize} restarts from the last checkpoint, so up to "
+            f"{every - 1} steps run again, about {(every - 1) * seconds / 3600:.1f} h of {gpus} GPUs at the "
+            f"post's speed ({seconds:.0f} s a step), and a spot node that keeps coming and going can stop the "
+            f"run's progress. {name}={bound} or fewer keeps that under {ELASTIC_REWIND_WARN_H:g} h, for a "
+            f"checkpoint write every {bound} steps.",
+            stacklevel=2,
+        )
 
 
 def _check_elastic_padding(p: dict) -> None:

@@ -396,6 +396,11 @@ LLAMA_CASES = {
         "ParameterError",
         ["RESIZE_CHECK_S=0", "at least 1"],
     ),
+    "short_save_steps_0": (
+        {"SMOKE_TEST": True, "SHORT_SAVE_STEPS": 0},
+        "ParameterError",
+        ["SHORT_SAVE_STEPS=0", "at least 1"],
+    ),
     "warmup_ratio_1": (
         {"SMOKE_TEST": True, "WARMUP_RATIO": 1.0},
         "ParameterError",

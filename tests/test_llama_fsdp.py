@@ -130,15 +130,21 @@ def test_loses_a_node_goes_on_with_one_worker_and_grows_back(smoke_run, ray_clus
     assert [a["micro_steps"] for a in attempts] == [2, 4, 2]
     steps = [sorted(int(s) for s in a["losses"]) for a in attempts]
     # Each attempt resumed from the latest checkpoint registered before it started: none lost. The node
-    # died after the first checkpoint; the resize stopped the lone worker after a later one (or while it
-    # wrote the next, which was then never registered).
+    # died after the first checkpoint (every SAVE_STEPS); the lone worker, short of a worker, also saved
+    # every SHORT_SAVE_STEPS, and the resize stopped it after one of those (or while it wrote the next,
+    # which was then never registered): growing back repeated at most SHORT_SAVE_STEPS steps, not SAVE_STEPS.
+    short = params["SHORT_SAVE_STEPS"]
+    assert every % short == 0 and short < every  # the lone worker's checkpoints: every `short` steps
     assert attempts[0]["resumed_from_step"] == 0 and attempts[1]["resumed_from_step"] == killed_after == every
-    for before, after in zip(steps, attempts[1:], strict=False):
+    for before, after, saved_every in zip(steps[:-1], attempts[1:], (every, short), strict=True):
         done = before[-1]
         assert after["resumed_from_step"] in {
-            last_checkpoint_before(done + 1, every),
-            last_checkpoint_before(done, every),
+            last_checkpoint_before(done + 1, saved_every),
+            last_checkpoint_before(done, saved_every),
         }
+    assert steps[1][-1] - attempts[2]["resumed_from_step"] <= short
+    ran = [(a["world_size"], a["resumed_from_step"], s[-1]) for a, s in zip(attempts, steps, strict=True)]
+    print(f"attempts (workers, resumed from, last step): {ran}")
     assert (
         attempts[2]["resumed_from_step"] > attempts[1]["resumed_from_step"]
     )  # the lone worker made progress

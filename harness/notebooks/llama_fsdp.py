@@ -16,6 +16,7 @@ SMOKE_BUDGET_S = 330
 def check(p: dict) -> None:
     """The parameters cell's values `p`, by this notebook's rules; a ParameterError names the first bad one."""
     check_int("RESIZE_CHECK_S", p["RESIZE_CHECK_S"], minimum=1, maximum=3600)
+    check_int("SHORT_SAVE_STEPS", p["SHORT_SAVE_STEPS"], minimum=1)
     check_choice("USE_COMPILE", p["USE_COMPILE"], [True, False])
     check_llama(p)
 
@@ -108,6 +109,7 @@ def smoke(namespace: dict) -> dict:
         "NUM_WORKERS": (16, 2),
         "CPUS_PER_WORKER": (10, 2 if elastic else 1),  # elastic: a worker per 2-CPU node
         "RESIZE_CHECK_S": (60, 5),
+        "SHORT_SAVE_STEPS": (10, 2),  # the lone worker saves every other step: growing back repeats 1 or 2
         "USE_COMPILE": (True, False),  # compiling costs 2 CPU cores more than it saves in 24 steps
         # No planned kill: the first run is the post's; "when a worker or a node is lost" trains only on request.
         **{k: v for k, v in run_settings(0).items() if k != "KILL_WORKER_AT_STEP"},
