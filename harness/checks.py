@@ -74,14 +74,16 @@ def check_min_workers(notebook: str, p: dict) -> None:
 
 
 # An elastic run restarts from its latest checkpoint at every resize: losing a node repeats the steps since the
-# last of every SAVE_STEPS (up to SAVE_STEPS - 1), growing back those since the last of every SHORT_SAVE_STEPS
-# (the group saves that often while short of workers). Above this many hours (at the post's speed), Set up warns.
+# last of every SAVE_STEPS, growing back those since the last of every SHORT_SAVE_STEPS (the group saves that
+# often while short of workers); up to that many, the step being saved included where the resize comes during
+# a write. Above this many hours of them (at the post's speed), Set up warns.
 ELASTIC_REWIND_WARN_H = 1.0
 
 
 def check_elastic_save_interval(p: dict) -> None:
     """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training: losing
-    a node, the full group's steps; growing back, the short group's, each step as long as on MIN_WORKERS."""
+    a node, the full group's steps; growing back, those of a group of MIN_WORKERS (the same global batch on
+    fewer GPUs, padded where their number does not divide it)."""
     import warnings
 
     step_s = cluster_step_seconds(p)
@@ -89,20 +91,20 @@ def check_elastic_save_interval(p: dict) -> None:
         return
     fewest = _min_workers(p)
     rewinds = [
-        ("SAVE_STEPS", "losing a node", p["NUM_WORKERS"], step_s),
-        # The same global batch on fewer GPUs: each step takes that much longer.
-        ("SHORT_SAVE_STEPS", "growing back", fewest, step_s * p["NUM_WORKERS"] / fewest),
-    ]
-    for name, resize, gpus, seconds in rewinds:
-        every = p.get(name, 1)
-        if (every - 1) * seconds <= ELASTIC_REWIND_WARN_H * 3600:
+        ("SAVE_STEPS", "losing a node", p["SAVE_STEPS"], p["NUM_WORKERS"], step_s),
+        # A short group saves at least every SAVE_STEPS too.
+        ("SHORT_SAVE_STEPS", "growing back", min(p.get("SHORT_SAVE_STEPS", 1), p["SAVE_STEPS"]), fewest,
+         cluster_step_seconds(p, fewest)),
+    ]  # fmt: skip
+    for name, resize, every, gpus, seconds in rewinds:
+        if every * seconds <= ELASTIC_REWIND_WARN_H * 3600:
             continue
-        bound = max(1, int(ELASTIC_REWIND_WARN_H * 3600 // seconds) + 1)
+        bound = max(1, int(ELASTIC_REWIND_WARN_H * 3600 // seconds))
         warnings.warn(
-            f"{name}={every} with MIN_WORKERS={fewest}: {resize} restarts from the last checkpoint, so up to "
-            f"{every - 1} steps run again, about {(every - 1) * seconds / 3600:.1f} h of {gpus} GPUs at the "
-            f"post's speed ({seconds:.0f} s a step), and a spot node that keeps coming and going can stop the "
-            f"run's progress. {name}={bound} or fewer keeps that under {ELASTIC_REWIND_WARN_H:g} h, for a "
+            f"{name}={p[name]} with MIN_WORKERS={fewest}: {resize} restarts from the last checkpoint, so up to "
+            f"{every} steps run again, about {every * seconds / 3600:.1f} h of {gpus} GPUs at the post's speed "
+            f"({seconds:.0f} s a step), and a spot node that keeps coming and going can stop the run's "
+            f"progress. {name}={bound} or fewer keeps that under {ELASTIC_REWIND_WARN_H:g} h, for a "
             f"checkpoint write every {bound} steps.",
             stacklevel=2,
         )

@@ -49,9 +49,9 @@ def step_seconds(p: dict, params: int, peak: float, gpus: int, flops_per_token: 
     return flops_per_token * params * tokens / (peak * mfu)
 
 
-def cluster_step_seconds(p: dict) -> float | None:
-    """`step_seconds` of `p`'s full fine-tuning on the GPUs of its `CLUSTER` at `POST_MFU`; None
-    without GPUs or a known bf16 peak (a CPU run)."""
+def cluster_step_seconds(p: dict, workers: int | None = None) -> float | None:
+    """`step_seconds` of `p`'s full fine-tuning on `workers` (default `NUM_WORKERS`) GPUs of its `CLUSTER`
+    at `POST_MFU`; None without GPUs or a known bf16 peak (a CPU run)."""
     from .plan import NODE_TYPES, model_config, model_size
 
     gpus = [NODE_TYPES[t].gpu for t in p.get("CLUSTER", {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
@@ -59,7 +59,7 @@ def cluster_step_seconds(p: dict) -> float | None:
     if not peak:
         return None
     params = model_size(model_config(p["MODEL_NAME"])).params
-    return step_seconds(p, params, peak, p["NUM_WORKERS"], flops_per_token=6, mfu=POST_MFU)
+    return step_seconds(p, params, peak, workers or p["NUM_WORKERS"], flops_per_token=6, mfu=POST_MFU)
 
 
 def plan_for(notebook: str, p: dict, title: str | None = None):

@@ -115,7 +115,8 @@ def test_loses_a_node_goes_on_with_one_worker_and_grows_back(smoke_run, ray_clus
     elastic = results["elastic"]  # the going-further section's own run
     params, attempts = results["parameters"], elastic["attempts"]
     every, max_steps = params["SAVE_STEPS"], params["MAX_STEPS"]
-    (killed, killed_after, _), (added, _, _), (held, _, held_s), (stalled, _, _) = results["node_events"]
+    events = results["node_events"]
+    (killed, killed_after, _), (added, added_after, _), (held, _, held_s), (stalled, _, _) = events
     assert (killed, added, stalled) == ("node killed", "node added", "storage stalled")
     # The resize came while the bucket held the lone worker's write, before the hold's 50 s ran out (or
     # before the hold began: Ray Train can see the new node at once, or 25 s later).
@@ -135,6 +136,8 @@ def test_loses_a_node_goes_on_with_one_worker_and_grows_back(smoke_run, ray_clus
     # which was then never registered): growing back repeated at most SHORT_SAVE_STEPS steps, not SAVE_STEPS.
     short = params["SHORT_SAVE_STEPS"]
     assert every % short == 0 and short < every  # the lone worker's checkpoints: every `short` steps
+    # The node came back once the lone worker had written a checkpoint: one only the short rule writes.
+    assert added_after % short == 0 and added_after % every != 0, results["node_events"]
     assert attempts[0]["resumed_from_step"] == 0 and attempts[1]["resumed_from_step"] == killed_after == every
     for before, after, saved_every in zip(steps[:-1], attempts[1:], (every, short), strict=True):
         done = before[-1]

@@ -339,10 +339,10 @@ def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
 
 def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_warned_about():
     # Each resize of an elastic run restarts from the last checkpoint: losing a node with the post's
-    # SAVE_STEPS=250, up to 249 steps of about 97 s (the post's speed: 13.5 h for 500 steps) run again. Three
+    # SAVE_STEPS=250, up to 250 steps of about 97 s (the post's speed: 13.5 h for 500 steps) run again. Three
     # p4de nodes, going on with two (16 workers: the fewest on which full fine-tuning of 70B fits) after losing
     # one. Growing back repeats the short group's steps since its last checkpoint (every SHORT_SAVE_STEPS),
-    # each 24/16 as long.
+    # each of 2 sequences per GPU (below): twice the full group's 97 s.
     import warnings
 
     import harness.checks
@@ -359,21 +359,22 @@ def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_
     # It fits on 16. On 16 to 23 workers the global batch of 24 sequences takes 2 micro-steps of one
     # sequence per worker, padded with weight-0 sequences: 32 to 46 sequences' compute for 24.
     with pytest.warns(UserWarning, match=r"up to 1\.92x the compute .* \(on 23 workers; on 16: 1\.33x\)"):
-        harness.checks.check_min_workers("llama_fsdp", {**elastic, "SAVE_STEPS": 38})
+        harness.checks.check_min_workers("llama_fsdp", {**elastic, "SAVE_STEPS": 37})
     with pytest.warns(
         UserWarning,
-        match=r"SAVE_STEPS=250 with MIN_WORKERS=16: losing a node .* 6\.7 h of 24 GPUs .*SAVE_STEPS=38 or fewer",
+        match=r"SAVE_STEPS=250 with MIN_WORKERS=16: losing a node .* 6\.8 h of 24 GPUs .*SAVE_STEPS=37 or fewer",
     ):
         harness.checks.check_elastic_save_interval(elastic)
     with pytest.warns(
         UserWarning,
-        match=r"SHORT_SAVE_STEPS=40 with MIN_WORKERS=16: growing back .* 1\.6 h of 16 GPUs .*\(146 s a step\)"
-        r".*SHORT_SAVE_STEPS=25 or fewer",
+        match=r"SHORT_SAVE_STEPS=30 with MIN_WORKERS=16: growing back .* 1\.6 h of 16 GPUs .*\(194 s a step\)"
+        r".*SHORT_SAVE_STEPS=18 or fewer",
     ):
-        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 38, "SHORT_SAVE_STEPS": 40})
+        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 37, "SHORT_SAVE_STEPS": 30})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 38})  # the bound it names
+        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 37})  # the bound it names
+        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 37, "SHORT_SAVE_STEPS": 18})
         harness.checks.check_elastic_save_interval({**elastic, "USE_GPU": False})  # CPU: no estimate
 
 
