@@ -464,6 +464,7 @@ AFTER_TORCH_CHECK = """
 import importlib.util, sys
 from harness import cpu_bf16
 
+cpu_bf16.needed = lambda: {needed}  # the CPU check, forced: the mechanism is tested on every CPU
 cpu_bf16.install_after_torch()  # what a Ray worker's setup hook does
 importlib.util.find_spec("torch")  # transformers looks before it imports (is_torch_available)
 import torch
@@ -471,9 +472,21 @@ print(cpu_bf16._library is not None)
 """
 
 
-def test_cpu_bf16_installs_when_torch_is_looked_up_before_it_is_imported():
+@pytest.mark.parametrize("needed", [True, False], ids=["cpu_without_bf16", "cpu_with_bf16"])
+def test_cpu_bf16_installs_when_torch_is_looked_up_before_it_is_imported(needed):
     # The Ray Data chat actor imports transformers first: its bf16 generation ran 4x slower without this.
+    # Forced either way: a CPU with bf16 instructions keeps torch's own kernels (nothing registered).
     done = subprocess.run(
-        [sys.executable, "-c", AFTER_TORCH_CHECK], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", AFTER_TORCH_CHECK.format(needed=needed)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert done.stdout.strip() == "True", done.stderr[-2000:]
+    assert done.stdout.strip() == str(needed), done.stderr[-2000:]
+
+
+def test_cpu_bf16_follows_this_cpus_own_check():
+    # Unforced: kernels only where this CPU lacks bf16 instructions (oneDNN's own check), none where it has them.
+    check = "from harness import cpu_bf16; print(cpu_bf16.install() == cpu_bf16.needed(), cpu_bf16.needed())"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split()[:1] == ["True"], done.stderr[-2000:]
