@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import shlex
 import sys
@@ -32,10 +31,11 @@ def parameters(notebook: str, overrides: list[tuple[str, str]]) -> dict:
     known = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
     if notebook not in known:  # a name, never a path: a notebook's parameters cell is run here
         raise Refused(f"NOTEBOOK={notebook!r}: not a notebook of this project; one of {known}")
-    cells = json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
-    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    from harness.parameters import parameter_cells
+
+    source, _ = parameter_cells(ROOT / "notebooks" / f"{notebook}.ipynb")
     namespace: dict = {}
-    exec("".join(cell["source"]), namespace)  # noqa: S102 - the project's own notebook
+    exec(source, namespace)  # noqa: S102 - the project's own notebook
     for name, text in overrides:
         if name not in namespace:
             raise Refused(f"-p {name}: {notebook} has no parameter {name}")

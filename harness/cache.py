@@ -14,7 +14,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-__all__ = ["cache_dir"]
+__all__ = ["cache_dir", "local_storage"]
 
 # Bump when a generator changes, so stale builds are never reused.
 CACHE_VERSION = "v1"
@@ -28,6 +28,11 @@ def cache_dir() -> Path:
     path = Path(root) / CACHE_VERSION
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def local_storage() -> str:
+    """Smoke mode's `STORAGE_PATH`: a folder in this cache, where Ray Train writes the checkpoints."""
+    return str(cache_dir() / "ray_results")
 
 
 @contextlib.contextmanager

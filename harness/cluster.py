@@ -26,6 +26,8 @@ from pathlib import Path
 from helpers.cluster import ResourceRequestError, alive_nodes, fetch_model
 
 __all__ = [
+    "ray_init_args",
+    "ray_log_file",
     "start_ray",
     "check_resources",
     "prefetch_model_on_nodes",
@@ -314,30 +316,21 @@ def _job_runtime_env() -> dict | None:
     return (json.loads(config).get("runtime_env") or {}) if config else None
 
 
-def start_ray(
-    notebook: str = "notebook", show_worker_logs: bool = False, num_cpus: int | None = None, **init_kwargs
-):
-    """Attach to the cluster at `RAY_ADDRESS` (Anyscale, `ray start`) or to the one `ray start` runs on this
-    machine (a head node), or start a local Ray; print one line about it and return `ray.cluster_resources()`.
+def ray_init_args(num_cpus: int | None = None, **init_kwargs) -> dict:
+    """The arguments of `ray.init` here: the cluster at `RAY_ADDRESS` (Anyscale, `ray start`) or the one
+    `ray start` runs on this machine (a head node) to attach to, or else a local Ray's CPUs; and the
+    runtime environment every worker gets (`job_runtime_env`). Sets what the driver needs first: Ray's quiet
+    settings (`RAY_ENV`) and where MLflow records runs (`harness.tracking.configure`).
 
     - A local Ray gets `num_cpus` logical CPUs, by default `max(4, 2 * cores)`: enough slots for the
       training workers *and* Ray Data's tasks (the anti-deadlock setting above).
-    - The job's runtime environment (`job_runtime_env`) ships `helpers` and the Hub settings to every worker.
-    - What the workers print (Ray Train's controller, Lightning, DeepSpeed, transformers, your own prints
-      in a training function) goes to a log file, `<cache>/logs/<notebook>-<time>.log`, which the line
-      printed here names: the training cell shows the run log's lines instead (`helpers.show_progress`).
-      `show_worker_logs=True` shows the workers' output here as well.
     """
-    import datetime
-
-    import ray
-
-    from harness.cache import cache_dir
     from harness.tracking import configure as configure_tracking
 
     found = None if os.environ.get("RAY_ADDRESS") else _cluster_ray_finds()
     if found:  # from here on (checks, jobs) the cluster it is, as with RAY_ADDRESS
         os.environ["RAY_ADDRESS"] = found
+    _worker_log["found"] = found
     for var, value in {**RAY_ENV, **({} if os.environ.get("RAY_ADDRESS") else LOCAL_RAY_ENV)}.items():
         os.environ.setdefault(var, value)
     logging.getLogger("ray.data").setLevel(os.environ["RAY_DATA_LOG_LEVEL"])  # if already imported
@@ -345,32 +338,50 @@ def start_ray(
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
     attach = bool(os.environ.get("RAY_ADDRESS"))
     configure_tracking()  # MLFLOW_TRACKING_URI set (or the embedded store) before the workers start
-    if not ray.is_initialized():
-        kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
-        kwargs.update(init_kwargs)
-        job, given = job_runtime_env(attach), kwargs.get("runtime_env", {})
-        runtime_env = {**job, **given, "env_vars": {**job["env_vars"], **given.get("env_vars", {})}}
-        kwargs["runtime_env"] = runtime_env
-        logs = cache_dir() / "logs"
-        logs.mkdir(exist_ok=True)
-        path = logs / f"{notebook}-{datetime.datetime.now():%Y%m%d-%H%M%S}.log"
-        with _stderr_to(path):
-            if attach:
-                ray.init(**kwargs)
-            else:
-                cores = os.cpu_count() or 1
-                ray.init(num_cpus=num_cpus or max(4, 2 * cores), **kwargs)
-        _route_worker_logs(path, show_worker_logs)
-        # Ray Data says once, as a warning, that its progress bars are off: they are, on purpose (RAY_ENV).
-        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+    kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+    kwargs.update(init_kwargs)
+    job, given = job_runtime_env(attach), kwargs.get("runtime_env", {})
+    kwargs["runtime_env"] = {**job, **given, "env_vars": {**job["env_vars"], **given.get("env_vars", {})}}
+    if not attach:
+        kwargs["num_cpus"] = num_cpus or max(4, 2 * (os.cpu_count() or 1))
+    return kwargs
+
+
+@contextlib.contextmanager
+def ray_log_file(notebook: str = "notebook", show_worker_logs: bool = False):
+    """Around `ray.init`: Ray's start-up messages, then what the workers print (Ray Train's controller,
+    Lightning, DeepSpeed, transformers, your own prints in a training function), go to a log file,
+    `<cache>/logs/<notebook>-<time>.log`; the line printed at the end names it and the cluster. The
+    training cell shows the run's progress lines instead. `show_worker_logs=True` shows the workers'
+    output here as well."""
+    import datetime
+
+    from harness.cache import cache_dir
+
+    logs = cache_dir() / "logs"
+    logs.mkdir(exist_ok=True)
+    path = logs / f"{notebook}-{datetime.datetime.now():%Y%m%d-%H%M%S}.log"
+    with _stderr_to(path):
+        yield path
+    _route_worker_logs(path, show_worker_logs)
+    # Ray Data says once, as a warning, that its progress bars are off: they are, on purpose (RAY_ENV).
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+    _say_where()
+
+
+def _say_where() -> None:
+    """One line: the cluster this notebook started or attached to, and where the workers' output goes."""
+    import ray
+
     from harness.storage import shown
 
     resources = ray.cluster_resources()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     gpus = f", {resources.get('GPU', 0):g} GPUs" if resources.get("GPU") else ", no GPU"
+    found = _worker_log.get("found")
     how = (
         "started"
-        if not attach
+        if not os.environ.get("RAY_ADDRESS")
         else f"attached to the cluster `ray start` runs here ({found}):"
         if found
         else "attached to"
@@ -379,7 +390,22 @@ def start_ray(
         f"Ray: {how} {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs{gpus}. "
         f"Workers' output: {shown(str(_worker_log_path())) if _worker_log_path() else 'shown here'}"
     )
-    return resources
+
+
+def start_ray(
+    notebook: str = "notebook", show_worker_logs: bool = False, num_cpus: int | None = None, **init_kwargs
+):
+    """`ray.init(**ray_init_args(...))` inside `ray_log_file`, unless Ray is up already; return
+    `ray.cluster_resources()`."""
+    import ray
+
+    if not ray.is_initialized():
+        kwargs = ray_init_args(num_cpus, **init_kwargs)
+        with ray_log_file(notebook, show_worker_logs):
+            ray.init(**kwargs)
+    else:
+        _say_where()
+    return ray.cluster_resources()
 
 
 def _cluster_ray_finds() -> str | None:

@@ -20,6 +20,7 @@ collectives: a worker that died fails it as it fails the step.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -132,7 +133,7 @@ def watch(
     kill_at_step = int(kill_at_step or 0)
     check_kill_step("KILL_WORKER_AT_STEP", kill_at_step, namespace["NUM_WORKERS"], total_steps)
     run_id = mlflow_run_id or _start_run(notebook, namespace)
-    log = run_log(total_steps, print_every, kill_at_step, run_id)
+    log = run_log(total_steps, print_every, kill_at_step, run_id, notebook=notebook)
     return Watch(log, run_id, kill_at_step, total_steps, print_every)
 
 
@@ -200,7 +201,8 @@ class _ObserverBase:
         from harness.storage import take_last_fetch
 
         self.started = True
-        self.facts = {"node_id": ray.get_runtime_context().get_node_id(), **facts}
+        # its node, and its process: what a test that kills a worker from outside needs to find it
+        self.facts = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), **facts}
         fetched = fetched or take_last_fetch()  # what this worker read of the checkpoint it resumed from
         if fetched:
             self.facts.update(resume_bytes=fetched[0], checkpoint_bytes=fetched[1])

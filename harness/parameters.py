@@ -15,6 +15,7 @@ from harness.storage import redact
 from helpers.validate import ParameterError
 
 __all__ = [
+    "parameter_cells",
     "check_parameter_names",
     "parameter_values",
     "smoke_overrides",
@@ -32,6 +33,17 @@ RENAMED = {
     "MODEL_CHECKPOINT": "MODEL_NAME",
     "TUTORIAL_STEPS": "MAX_STEPS_PER_EPOCH",
 }
+
+
+def parameter_cells(path) -> tuple[str, list[str]]:
+    """A notebook file's parameters, as papermill and `make plan` see them: the source of every code cell up
+    to the one tagged `parameters` (the lesson's knobs, then the run settings), joined; and the sources of
+    the code cells after it (the Set up cells first)."""
+    with open(path, encoding="utf-8") as f:
+        cells = [c for c in json.load(f)["cells"] if c["cell_type"] == "code"]
+    sources = ["".join(c["source"]) for c in cells]
+    tagged = next(i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", []))
+    return "\n\n".join(sources[: tagged + 1]), sources[tagged + 1 :]
 
 
 def _history() -> list[str]:
@@ -69,18 +81,27 @@ def papermill_parameters() -> set[str]:
 
 
 def _parameters_cell_names() -> list[str]:
-    """The names the notebook's parameters cell assigns: the last executed cell (not papermill's) that
-    sets both SMOKE_TEST and RESULTS_PATH, which every notebook's parameters cell ends with."""
+    """The names the notebook's parameters cells assign: the last executed cell (not papermill's) that
+    sets both SMOKE_TEST and RESULTS_PATH, which every notebook's run settings end with, and, where the
+    lesson's knobs are a cell of their own before it (it starts with `# ---- The lesson`), that cell's."""
+    found: dict[str, list[str]] = {}
     for source in reversed(_history()):
-        if _is_injected(source) or "SMOKE_TEST" not in source:
+        if _is_injected(source):
+            continue
+        kind = "lesson" if source.lstrip().startswith("# ---- The lesson") else "settings"
+        if kind in found or (kind == "settings" and "SMOKE_TEST" not in source):
             continue
         try:
             names = _assigned(source)
         except SyntaxError:
             continue
-        if {"SMOKE_TEST", "RESULTS_PATH"} <= set(names):
-            return names
-    return []
+        if kind == "lesson" or {"SMOKE_TEST", "RESULTS_PATH"} <= set(names):
+            found[kind] = names
+        if len(found) == 2:
+            break
+    if "settings" not in found:
+        return []
+    return [*found.get("lesson", []), *[n for n in found["settings"] if n not in found.get("lesson", [])]]
 
 
 _names: list[str] = []  # the parameters, as `check_parameter_names` found them

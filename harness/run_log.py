@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 
 __all__ = [
@@ -26,7 +27,11 @@ __all__ = [
     "kill_if_due",
     "show_progress",
     "check_kill_step",
+    "RUN_LOG_NAMESPACE",
+    "report_collection_seconds",
 ]
+
+RUN_LOG_NAMESPACE = "llm-notebooks-runs"  # where `run_log` names each run's actor
 
 
 class RunLog:
@@ -143,13 +148,20 @@ class RunLog:
             self._tracker.log(int(step), dict(numbers))
             self._tracked_evaluations = int(step)
 
-    def claim_kill(self, step: int) -> bool:
-        """True for the first caller only: the kill happens once per run, not again after the restart."""
+    def claim_kill(self, step: int, by: str = "rank 1 kills its own process") -> bool:
+        """True for the first caller only: the kill happens once per run, not again after the restart. `by`
+        says who kills (a test that kills a worker from outside names itself)."""
         if self.killed_at is not None:
             return False
         self.killed_at = int(step)
-        self.say(f"rank 1 kills its own process (SIGKILL) at step {step}: the worker group fails")
+        self.say(f"{by} (SIGKILL) at step {step}: the worker group fails")
         return True
+
+    def progress(self) -> dict:
+        """Where the run is, for a watcher outside it: the attempts so far, the last step logged in the
+        latest, and each rank's facts (its node and process)."""
+        last = self.attempts[-1]["losses"] if self.attempts else {}
+        return {"attempts": len(self.attempts), "last_step": max(last, default=0), "ranks": self.ranks()}
 
     # ---- what the notebook reads
     def flush_tracking(self, timeout: float = 10.0) -> int:
@@ -227,8 +239,11 @@ def run_log(
     print_every: int = 1,
     kill_at_step: int = 0,
     mlflow_run_id: str | None = None,
+    notebook: str = "notebook",
 ):
-    """Create the notebook's `RunLog` actor (no CPU reserved: it only stores a few numbers).
+    """Create the notebook's `RunLog` actor (no CPU reserved: it only stores a few numbers), named
+    `run_log:<notebook>:<id>` in the namespace `RUN_LOG_NAMESPACE`: a process outside the notebook (a test
+    that kills a worker, as Ray's chaos tests do) finds it there.
 
     It is placed on the head node, where the notebook's driver runs: an actor on a worker node would die
     with that node, and every later attempt of the run would fail on it.
@@ -237,14 +252,17 @@ def run_log(
 
     actor = ray.remote(num_cpus=0)(RunLog)
     head = {"node:__internal_head__": 0.001} if "node:__internal_head__" in ray.cluster_resources() else {}
-    return actor.options(resources=head).remote(total_steps, print_every, kill_at_step, mlflow_run_id)
+    name = f"run_log:{notebook}:{uuid.uuid4().hex[:8]}"
+    return actor.options(resources=head, name=name, namespace=RUN_LOG_NAMESPACE).remote(
+        total_steps, print_every, kill_at_step, mlflow_run_id
+    )
 
 
 def kill_if_due(run_log, rank: int, step: int, kill_at_step: int) -> None:
     """On rank 1, at step `kill_at_step` (0: never) of the first attempt: a real crash, no exception, no cleanup.
 
     The section "When a worker dies" of each notebook explains what follows. The worker first waits two of
-    Ray Train's report-collection intervals (`_report_collection_seconds`), so that the checkpoint reported
+    Ray Train's report-collection intervals (`report_collection_seconds`), so that the checkpoint reported
     just before is registered: the kill then shows a resume from it, not a restart from the one before.
     """
     import signal
@@ -254,7 +272,7 @@ def kill_if_due(run_log, rank: int, step: int, kill_at_step: int) -> None:
 
     due = rank == 1 and kill_at_step and step == kill_at_step
     if due and ray.get(run_log.claim_kill.remote(step), timeout=30):
-        time.sleep(_report_collection_seconds())
+        time.sleep(report_collection_seconds())
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -308,7 +326,7 @@ def check_kill_step(name: str, value, num_workers: int, total_steps: int | None 
     return value
 
 
-def _report_collection_seconds() -> float:
+def report_collection_seconds() -> float:
     """Two of Ray Train's report-collection intervals, in seconds: how long a worker that is about to be
     killed waits first (`kill_if_due`).
 

@@ -8,6 +8,7 @@ deadlines, the observers, MLflow tracking, results, smoke mode) is the `harness`
 notebooks call from it (`watch`, the observers, `show_run`, `save_results`) are here too.
 """
 
+from harness.cache import local_storage
 from harness.observe import Observer, lightning_observer, trainer_observer, watch
 from harness.results import save_results, write_results
 from harness.tracking import show_run
@@ -25,10 +26,35 @@ from .cost import run_cost
 from .glue import GLUE_TASKS
 from .memory import PeakRSS
 from .metrics import GlueMetric
-from .notebook import set_up
+from .notebook import (
+    check_cluster,
+    check_parameters,
+    parameter_values,
+    ray_init_args,
+    ray_log_file,
+    set_up,
+    use_smoke_values,
+)
 from .plots import plot_losses
 from .validate import ParameterError, choose_attention
 from .zero_checkpoint import fetch_zero_checkpoint
+
+
+def tiny_model(kind: str) -> str:
+    """Smoke mode's model: a 2-layer `kind` ("distilbert", "gpt2", ...) with its tokenizer, built locally
+    once and kept in this project's cache; returns its folder (`harness.tiny_models`)."""
+    from harness.tiny_models import tiny_model as build
+
+    return build(kind)
+
+
+def glue_fixture() -> str:
+    """Smoke mode's GLUE: parquet files in the Hub's layout, 512 training and 127 validation rows per task,
+    labels that follow word cues; returns the folder (`harness.fixtures`)."""
+    from harness.fixtures import glue_fixture as build
+
+    return build()
+
 
 __all__ = [
     # modules: the notebooks name cluster, fsdp, plan, sizing and storage
@@ -50,6 +76,15 @@ __all__ = [
     "run_cost",
     "save_results",
     "set_up",
+    "use_smoke_values",
+    "check_parameters",
+    "check_cluster",
+    "ray_init_args",
+    "ray_log_file",
+    "parameter_values",
+    "local_storage",
+    "tiny_model",
+    "glue_fixture",
     "show_run",
     "storage",
     "trainer_observer",

@@ -597,6 +597,10 @@ LAB_ARTIFACTS = ARTIFACTS / "jupyterlab"  # <notebook>.png (the page), .txt (eac
 # The time from "Run All Cells" to the last cell is bounded by the notebook's SMOKE_BUDGET_S; the server's and
 # Chromium's start (measured: 5-10 s) and the kernel's (2-4 s) come on top of it.
 LAB_START_BUDGET_S = 60
+# The lesson notebooks whose smoke run (JupyterLab's, or nbval's) has a worker killed from outside
+# (tests/worker_kill.py): (the first step of the first attempt at which it may come, its checkpoints' interval
+# in steps). GLUE: its second epoch (16 steps each, a checkpoint after each, a loss logged every 4 steps).
+SMOKE_RUN_KILL = {"glue_text_classification": (20, 16)}
 
 # JupyterLab's settings for these runs (the server's own settings folder is a temporary one, see
 # jupyterlab_run). Nothing fetched from the internet: the announcements plugin, which asks "Would you like

@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-SETS_UP = "helpers.set_up("
+SETS_UP = ("helpers.set_up(", "helpers.check_parameters(")  # one call, or the checks before ray.init
 
 
 class _RayWouldStart(Exception):
-    """Raised in place of `harness.cluster.start_ray`: the Set up cell went past its checks."""
+    """Raised in place of `harness.cluster.start_ray` (or `helpers.ray_init_args`): the Set up cell went past
+    its checks."""
 
 
 def _stop_before_ray(*args, **kwargs):
@@ -34,12 +35,14 @@ def _stop_before_ray(*args, **kwargs):
 
 
 def first_cells(notebook: str) -> tuple[str, str]:
-    """The parameters cell's source, and the Set up cell's (the next code cell)."""
-    cells = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
-    code = [c for c in cells if c["cell_type"] == "code"]
-    first = next(i for i, c in enumerate(code) if "parameters" in c.get("metadata", {}).get("tags", []))
-    parameters, set_up = ("".join(c["source"]) for c in code[first : first + 2])
-    assert SETS_UP in set_up, f"{notebook}: the cell after the parameters no longer calls helpers.set_up"
+    """The parameters cells' source, and the Set up cell's (the next code cell)."""
+    from harness.parameters import parameter_cells
+
+    parameters, after = parameter_cells(NOTEBOOKS / f"{notebook}.ipynb")
+    set_up = after[0]
+    assert any(call in set_up for call in SETS_UP), (
+        f"{notebook}: the cell after the parameters checks nothing"
+    )
     return parameters, set_up
 
 
@@ -66,8 +69,10 @@ def run_case(notebook: str, parameters: dict) -> dict:
 
 def main(cases_json: str, results_json: str) -> None:
     import harness.cluster
+    import helpers
 
     harness.cluster.start_ray = _stop_before_ray  # what helpers.set_up calls once the checks have passed
+    helpers.ray_init_args = _stop_before_ray  # what a Set up cell that spells out `ray.init` calls first
     cases = json.loads(Path(cases_json).read_text())
     results = {f"{c['notebook']}/{c['case']}": run_case(c["notebook"], c["parameters"]) for c in cases}
     Path(results_json).write_text(json.dumps(results, indent=1))

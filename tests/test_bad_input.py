@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from notebook_runs import ARTIFACTS, CANARY_STORAGE_SECRET, execute
+from set_up_cells import SETS_UP
 
 import harness.fixtures
 import harness.tiny_models
@@ -494,5 +495,5 @@ def test_a_tracking_server_that_cannot_be_reached_fails_in_the_first_cells(rejec
     assert f"MLFLOW_TRACKING_URI='{closed}': no tracking server answers there" in error.evalue, error.evalue
     executed = nbformat.read(ARTIFACTS / "notebooks" / "glue_text_classification-bad-tracking_uri.ipynb", 4)
     failed = [c for c in executed.cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
-    assert len(failed) == 1 and "helpers.set_up(" in failed[0].source  # the Set up cell
+    assert len(failed) == 1 and any(call in failed[0].source for call in SETS_UP)  # the Set up cell
     assert wall < REJECTED_WITHIN_S

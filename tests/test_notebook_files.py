@@ -28,42 +28,79 @@ def test_notebook_is_valid_and_output_free(path):
             assert cell.execution_count is None, f"committed with an execution count: {cell.source[:60]!r}"
 
 
+def _parameter_cells(nb) -> list:
+    """The code cells up to the one tagged `parameters`: the lesson's knobs, then the run settings (or one
+    cell with both)."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    tagged = next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", []))
+    return code[: tagged + 1]
+
+
+def _assigned(source: str) -> list[str]:
+    return [t.id for node in ast.parse(source).body if isinstance(node, ast.Assign) for t in node.targets]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_first_code_cell_is_the_parameters_cell(path):
+def test_first_code_cells_are_the_parameters(path):
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert "parameters" in code[0].metadata.get("tags", [])
-    assert not any("parameters" in c.metadata.get("tags", []) for c in code[1:])
-    tree = ast.parse(code[0].source)
-    names = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets]
+    cells = _parameter_cells(nb)
+    assert len(cells) <= 2 and not any("parameters" in c.metadata.get("tags", []) for c in code[len(cells) :])
+    if len(cells) == 2:  # the lesson's knobs (at most 12), then the run settings, shown collapsed
+        assert len(_assigned(cells[0].source)) <= 12, _assigned(cells[0].source)
+        assert cells[1].metadata.get("jupyter", {}).get("source_hidden") is True
+    names = [n for c in cells for n in _assigned(c.source)]
     assert {"SMOKE_TEST", "RESULTS_PATH", "NUM_WORKERS", "USE_GPU", "STORAGE_PATH"} <= set(names)
     assert all(name.isupper() for name in names), names
-    lines = code[0].source.splitlines()
+    lines = [ln for c in cells for ln in c.source.splitlines()]
     for name in names:
         line = next(ln for ln in lines if ln.startswith(f"{name} ="))
         assert "#" in line, f"{name} needs a comment on its trade-off"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
 
 
+def _smoke_table_in_notebook(source: str) -> dict:
+    """The table of a Set up cell's `helpers.use_smoke_values(globals(), {...})`, its full-scale defaults
+    evaluated (they are literals), the laptop values left as their source."""
+    call = next(
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "use_smoke_values"
+    )
+    table = call.args[1]
+    return {
+        ast.literal_eval(k): (ast.literal_eval(v.elts[0]), ast.unparse(v.elts[1]))
+        for k, v in zip(table.keys, table.values, strict=True)
+    }
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_set_up_is_one_call_and_smoke_mode_replaces_the_defaults(path, monkeypatch):
-    # The Set up cell is one call; smoke mode's table (its `smoke` in harness/notebooks/) names parameters of this
-    # notebook with the very defaults of its parameters cell: a default changed in one place alone would
+def test_set_up_and_smoke_mode_replaces_the_defaults(path, monkeypatch):
+    # Smoke mode's table (in the Set up cell, or its `smoke` in harness/notebooks/) names parameters of this
+    # notebook with the very defaults of its parameters cells: a default changed in one place alone would
     # leave smoke mode silently running the full-scale value.
     from harness.notebooks import smoke_table
 
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    calls = [ln for ln in code[1].source.splitlines() if ln and not ln.startswith(("import ", "#"))]
-    assert len(calls) == 1 and f'helpers.set_up("{path.stem}", globals())' in calls[0], calls
+    cells = _parameter_cells(nb)
+    set_up = code[len(cells)].source
     defaults: dict = {"os": __import__("os")}
     monkeypatch.delenv("STORAGE_PATH", raising=False)
-    exec(compile(code[0].source, path.name, "exec"), defaults)  # noqa: S102 - the parameters cell
-    built = {}  # the tiny models and fixtures are not built here: only the table's shape is checked
-    monkeypatch.setattr("harness.tiny_models.tiny_model", lambda *a, **k: built.setdefault("model", "m"))
-    for fixture in ("ag_news_fixture", "chat_fixture", "glue_fixture", "play_script_fixture"):
-        monkeypatch.setattr(f"harness.fixtures.{fixture}", lambda: "fixture")
-    table = smoke_table(path.stem, defaults)
+    for cell in cells:
+        exec(compile(cell.source, path.name, "exec"), defaults)  # noqa: S102 - the parameters cells
+    if "helpers.use_smoke_values(" in set_up:  # the Set up spelt out: smoke mode, the checks, then Ray
+        assert "if SMOKE_TEST:" in set_up and f'helpers.check_parameters("{path.stem}", globals())' in set_up
+        assert "ray.init(" in set_up and f'helpers.check_cluster("{path.stem}", globals())' in set_up
+        table = _smoke_table_in_notebook(set_up)
+    else:  # one call
+        calls = [ln for ln in set_up.splitlines() if ln and not ln.startswith(("import ", "#"))]
+        assert len(calls) == 1 and f'helpers.set_up("{path.stem}", globals())' in calls[0], calls
+        built = {}  # the tiny models and fixtures are not built here: only the table's shape is checked
+        monkeypatch.setattr("harness.tiny_models.tiny_model", lambda *a, **k: built.setdefault("model", "m"))
+        for fixture in ("ag_news_fixture", "chat_fixture", "glue_fixture", "play_script_fixture"):
+            monkeypatch.setattr(f"harness.fixtures.{fixture}", lambda: "fixture")
+        table = smoke_table(path.stem, defaults)
     for name, (full_scale, _) in table.items():
         assert name in defaults, f"smoke mode sets {name}, which {path.stem} has no parameter for"
         assert defaults[name] == full_scale, (
@@ -77,10 +114,10 @@ def test_papermill_sees_every_parameter(path):
     # an "unknown parameter": a batch-job author would think the switch did nothing.
     import papermill
 
+    # papermill reads the cell tagged `parameters` (the run settings, where the lesson's knobs are a cell of
+    # their own before it); it passes the knobs too, with a warning that it does not know them.
     nb = nbformat.read(path, as_version=4)
-    tree = ast.parse(next(c for c in nb.cells if c.cell_type == "code").source)
-    names = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets]
-    assert list(papermill.inspect_notebook(str(path))) == names
+    assert list(papermill.inspect_notebook(str(path))) == _assigned(_parameter_cells(nb)[-1].source)
 
 
 # ---- the lesson's shape: what a learner finds, in order ------------------------------------------
@@ -116,13 +153,19 @@ def test_the_lesson_starts_on_the_first_screens(path):
     first = next(
         i for i, c in enumerate(code) if LESSON_CODE.search(c.source) and "if SMOKE_TEST" not in c.source
     )
-    between = code[1:first]  # after the parameters cell, before the first lesson code
+    between = code[len(_parameter_cells(nb)) : first]  # after the parameters, before the first lesson code
     assert len(between) <= 2, [c.source[:60] for c in between]
     assert sum(len(re.findall(r"\bhelpers\.\w", c.source)) for c in between) <= 10
     headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()]
-    positions = [next((i for i, h in enumerate(headings) if h.startswith(s)), None) for s in SECTIONS]
+    # A lesson-only notebook (its Set up spelt out) has no "Going further" sections: operating a run is not
+    # its lesson.
+    lesson_only = "helpers.use_smoke_values(" in "".join(c.source for c in code)
+    sections = [s for s in SECTIONS if not (lesson_only and s.startswith("## Going further"))]
+    if lesson_only:
+        assert not [h for h in headings if h.startswith("## Going further")], headings
+    positions = [next((i for i, h in enumerate(headings) if h.startswith(s)), None) for s in sections]
     assert None not in positions and positions == sorted(positions), dict(
-        zip(SECTIONS, positions, strict=True)
+        zip(sections, positions, strict=True)
     )
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "What changed:" not in text, "the notes on what changed are in their one section"
@@ -161,7 +204,7 @@ def test_restarts_are_a_run_setting_and_starts_are_retried_without_limit(path):
     autoscaler is still provisioning (Ray's default: retried without limit)."""
     nb = nbformat.read(path, as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert "MAX_FAILURES = " in nb.cells[1].source
+    assert any("MAX_FAILURES = " in c.source for c in _parameter_cells(nb))
     assert "FailureConfig(max_failures=MAX_FAILURES)" in code
     assert "controller_failure_limit" not in code
 

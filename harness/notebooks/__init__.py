@@ -53,13 +53,13 @@ def smoke_table(name: str, namespace: dict) -> dict[str, tuple]:
 def run_settings(kill_at_step: int) -> dict:
     """Every notebook's smoke values: a CPU worker per Ray node where there are two, the planned kill,
     local storage."""
-    from harness.cache import cache_dir
+    from harness.cache import local_storage
 
     return {
         "USE_GPU": (True, False),
         "PLACEMENT_STRATEGY": ("PACK", "SPREAD"),  # one worker per Ray node (a no-op on a one-node Ray)
         "KILL_WORKER_AT_STEP": (0, kill_at_step),  # see the notebook's "When a worker dies"
-        "STORAGE_PATH": ("/mnt/cluster_storage/", str(cache_dir() / "ray_results")),
+        "STORAGE_PATH": ("/mnt/cluster_storage/", local_storage()),
     }
 
 
@@ -74,10 +74,11 @@ def check_common(p: dict, total_steps: int | None = None) -> None:
     check_positive("LEARNING_RATE", p["LEARNING_RATE"])
     check_choice("USE_GPU", p["USE_GPU"], [True, False])
     check_choice("PLACEMENT_STRATEGY", p["PLACEMENT_STRATEGY"], PLACEMENTS)
-    check_kill_step("KILL_WORKER_AT_STEP", p["KILL_WORKER_AT_STEP"], p["NUM_WORKERS"], total_steps)
+    kill_at = p.get("KILL_WORKER_AT_STEP", 0)  # a lesson notebook has none: its tests kill from outside
+    check_kill_step("KILL_WORKER_AT_STEP", kill_at, p["NUM_WORKERS"], total_steps)
     if "MAX_FAILURES" in p:
         check_int("MAX_FAILURES", p["MAX_FAILURES"], minimum=-1)
-        if p["MAX_FAILURES"] == 0 and p["KILL_WORKER_AT_STEP"]:
+        if p["MAX_FAILURES"] == 0 and kill_at:
             raise ParameterError(
                 f"MAX_FAILURES=0 with KILL_WORKER_AT_STEP={p['KILL_WORKER_AT_STEP']}: the planned kill would end "
                 "the run, with no restart to show. Use MAX_FAILURES >= 1 (or -1: no limit), or "
