@@ -759,7 +759,7 @@ class StoredFolder(str):
     """A folder of a Ray Train checkpoint, named by its URI (or local path), to be read where it is stored.
 
     `checkpoint_in_place(checkpoint, "checkpoint.ckpt")` gives one; passed as Lightning's `ckpt_path` to the
-    FSDP strategy of `helpers.fsdp_strategy_class()`, each rank reads from the bucket (or NFS folder)
+    FSDP strategy of `helpers.fsdp.fsdp_strategy_class`, each rank reads from the bucket (or NFS folder)
     only the byte ranges of its own shards, with `dcp_reader`, instead of downloading the whole
     checkpoint first. After the load, `bytes_read` says what the rank read, of `checkpoint_bytes`.
     """

@@ -40,18 +40,39 @@ from .validate import ParameterError, choose_attention
 from .zero_checkpoint import fetch_zero_checkpoint
 
 
-def tiny_model(kind: str) -> str:
-    """Smoke mode's model: a 2-layer `kind` ("distilbert", "gpt2", ...) with its tokenizer, built locally
-    once and kept in this project's cache; returns its folder (`harness.tiny_models`)."""
+def tiny_model(arch: str, **overrides) -> str:
+    """Smoke mode's model: a 2-layer `arch` ("distilbert", "gpt2", "gpt_neox", "llama") with its tokenizer,
+    built locally once and kept in this project's cache; returns its folder (`harness.tiny_models`)."""
     from harness.tiny_models import tiny_model as build
 
-    return build(kind)
+    return build(arch, **overrides)
 
 
 def glue_fixture() -> str:
     """Smoke mode's GLUE: parquet files in the Hub's layout, 512 training and 127 validation rows per task,
     labels that follow word cues; returns the folder (`harness.fixtures`)."""
     from harness.fixtures import glue_fixture as build
+
+    return build()
+
+
+def ag_news_fixture() -> str:
+    """Smoke mode's `ag_news`: headlines from templates, train and test splits (`harness.fixtures`)."""
+    from harness.fixtures import ag_news_fixture as build
+
+    return build()
+
+
+def play_script_fixture() -> str:
+    """Smoke mode's `tiny_shakespeare`: a play's speeches, one text (`harness.fixtures`)."""
+    from harness.fixtures import play_script_fixture as build
+
+    return build()
+
+
+def chat_fixture() -> str:
+    """Smoke mode's code-chat dataset: short chats in the Llama recipe's format (`harness.fixtures`)."""
+    from harness.fixtures import chat_fixture as build
 
     return build()
 
@@ -85,6 +106,9 @@ __all__ = [
     "local_storage",
     "tiny_model",
     "glue_fixture",
+    "ag_news_fixture",
+    "play_script_fixture",
+    "chat_fixture",
     "show_run",
     "storage",
     "trainer_observer",

@@ -1,6 +1,6 @@
 """Lightning + FSDP on Ray: `RayFSDPStrategy` with sharded checkpoints that work across nodes, on GPUs and CPUs.
 
-Used by the Dolly notebook (section 3). `fsdp_strategy_class()` returns a subclass of Ray's
+Used by the Dolly notebook (section 3). `fsdp_strategy_class(RayFSDPStrategy)` returns a subclass of Ray's
 `RayFSDPStrategy` that changes three things and nothing else, so FSDP really shards (each of 2
 workers holds half the parameters) on CPU workers as on GPUs:
 
@@ -42,18 +42,19 @@ __all__ = [
 ]
 
 
-def fsdp_strategy_class():
-    """Return `ShardedRayFSDPStrategy`, a subclass of `ray.train.lightning.RayFSDPStrategy`.
+def fsdp_strategy_class(base):
+    """Return `ShardedRayFSDPStrategy`, a subclass of `base` (`ray.train.lightning.RayFSDPStrategy`, which
+    the Dolly notebook passes) in which each rank saves and loads its own shard of a sharded checkpoint in its
+    own folder, and which also runs on CPU workers (FSDP with `device_id=cpu`).
 
     A function, so that importing `helpers` does not import Lightning. Pass the usual
     `FSDPStrategy` arguments; `state_dict_type` defaults to "sharded".
     """
     import torch
-    from ray.train.lightning import RayFSDPStrategy
 
     from harness.storage import StoredFolder
 
-    class ShardedRayFSDPStrategy(RayFSDPStrategy):
+    class ShardedRayFSDPStrategy(base):
         def __init__(self, *args, state_dict_type: str = "sharded", **kwargs):
             super().__init__(*args, state_dict_type=state_dict_type, **kwargs)
             self._own_paths = False

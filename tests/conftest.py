@@ -25,8 +25,6 @@ from notebook_runs import (
     CANARY_STORAGE_SECRET,
     GUARD_LOG,
     ROOT,
-    SMOKE_BUDGET_S,
-    SMOKE_RUN_KILL,
     LabRun,
     jupyterlab_run,
     secret_leaks,
@@ -205,15 +203,6 @@ def ray_cluster():
     assert not leaks, "secrets written to files:\n" + "\n".join(leaks)
 
 
-def _killed_in(name: str, cluster):
-    """Around a notebook's smoke run: rank 1 killed from outside at `SMOKE_RUN_KILL[name]`, where it has one."""
-    from worker_kill import WorkerKill
-
-    if name not in SMOKE_RUN_KILL:
-        return contextlib.nullcontext()
-    return WorkerKill(name, *SMOKE_RUN_KILL[name], cluster, timeout_s=SMOKE_BUDGET_S[name])
-
-
 @pytest.fixture(scope="session")
 def jupyterlab(ray_cluster, tmp_path_factory) -> Callable[[str], LabRun]:
     """`jupyterlab(name)`: notebooks/<name>.ipynb run in smoke mode through JupyterLab in Chromium on the test
@@ -223,8 +212,7 @@ def jupyterlab(ray_cluster, tmp_path_factory) -> Callable[[str], LabRun]:
 
     def run(name: str) -> LabRun:
         if name not in runs:
-            with _killed_in(name, ray_cluster):
-                runs[name] = jupyterlab_run(name, ray_cluster, tmp_path_factory.mktemp(f"jupyterlab-{name}"))
+            runs[name] = jupyterlab_run(name, ray_cluster, tmp_path_factory.mktemp(f"jupyterlab-{name}"))
             print(runs[name].summary())
         return runs[name]
 
@@ -243,8 +231,7 @@ def smoke_run(jupyterlab, ray_cluster, tmp_path_factory) -> Callable[[str], tupl
             chromium_or_skip()
         except pytest.skip.Exception as why:
             print(f"{name}: through nbval, not JupyterLab ({why})")
-            with _killed_in(name, ray_cluster):
-                return smoke_nbval(name, tmp_path_factory.mktemp(f"nbval-{name}"), ray_cluster)
+            return smoke_nbval(name, tmp_path_factory.mktemp(f"nbval-{name}"), ray_cluster)
         lab = jupyterlab(name)
         assert lab.results is not None, f"the notebook wrote no results JSON: {lab.summary()}\n{lab.problems}"
         return lab.results, lab.wall

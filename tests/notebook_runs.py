@@ -583,7 +583,8 @@ def smoke_nbval(name: str, results_dir: Path, cluster: Mapping[str, str]) -> tup
     kept = ARTIFACTS / "notebooks" / f"{name}-nbval.json"
     kept.unlink(missing_ok=True)
     env = {"SMOKE_TEST": "1", "RESULTS_PATH": str(results)}
-    proc, wall = run_nbval(name, env, cluster, SMOKE_BUDGET_S[name])
+    with killed_in(name, cluster):
+        proc, wall = run_nbval(name, env, cluster, SMOKE_BUDGET_S[name])
     if results.exists():
         shutil.copyfile(results, kept)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -600,7 +601,22 @@ LAB_START_BUDGET_S = 60
 # The lesson notebooks whose smoke run (JupyterLab's, or nbval's) has a worker killed from outside
 # (tests/worker_kill.py): (the first step of the first attempt at which it may come, its checkpoints' interval
 # in steps). GLUE: its second epoch (16 steps each, a checkpoint after each, a loss logged every 4 steps).
-SMOKE_RUN_KILL = {"glue_text_classification": (20, 16)}
+SMOKE_RUN_KILL = {
+    "glue_text_classification": (20, 16),
+    "gpt2_deepspeed": (14, 12),  # 2 epochs of 12 steps
+    "dolly_lightning_fsdp": (23, 20),  # 2 epochs of 20 steps
+}
+
+
+def killed_in(name: str, cluster: Mapping[str, str]):
+    """Around a notebook's smoke run: rank 1 killed from outside (tests/worker_kill.py) where
+    `SMOKE_RUN_KILL` names the notebook; nothing otherwise."""
+    from worker_kill import WorkerKill
+
+    if name not in SMOKE_RUN_KILL:
+        return contextlib.nullcontext()
+    return WorkerKill(name, *SMOKE_RUN_KILL[name], cluster, timeout_s=SMOKE_BUDGET_S[name])
+
 
 # JupyterLab's settings for these runs (the server's own settings folder is a temporary one, see
 # jupyterlab_run). Nothing fetched from the internet: the announcements plugin, which asks "Would you like
@@ -867,7 +883,8 @@ def jupyterlab_run(
     cells: list[dict] = []
     math: list[dict] = []
     finished, wall, news_prompt, dialogs = False, 0.0, False, []
-    with jupyterlab_server(notebooks, work_dir, env, LAB_ARTIFACTS / f"{name}-server.log") as url:
+    server = jupyterlab_server(notebooks, work_dir, env, LAB_ARTIFACTS / f"{name}-server.log")
+    with killed_in(name, cluster), server as url:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch_persistent_context(
                 str(work_dir / "chromium-profile"),

@@ -6,6 +6,7 @@ import math
 
 import pytest
 from notebook_runs import (
+    SMOKE_RUN_KILL,
     check_cluster_run,
     check_plan_matches_shards,
     file_sizes,
@@ -26,9 +27,9 @@ NAME = "dolly_lightning_fsdp"
 FIXTURE_LINES = 610
 # Its validation lines that are not training lines too: the held-out lines (53 lines, 12 also in training).
 FIXTURE_HELD_OUT_LINES = 41
-# "When a worker dies" trains a run of its own on the first lines: 2 epochs of 4 steps, a checkpoint after each.
-DEMO_EPOCHS, DEMO_STEPS_PER_EPOCH = 2, 4
-# The steps between its checkpoint and the kill run twice and repeat their losses bit for bit (measured: 0.0,
+# The lesson's run (2 epochs, a checkpoint after each) has rank 1 killed from outside in its second epoch, at
+# SMOKE_RUN_KILL's step or just after. The steps between the checkpoint and the kill run twice and repeat their
+# losses bit for bit (measured: 0.0,
 # once the CPU strategy gathers the optimizer state without offload; with Lightning's offloaded gather they
 # drifted by up to 0.045).
 REPLAY_TOLERANCE = 1e-4
@@ -36,7 +37,7 @@ REPLAY_TOLERANCE = 1e-4
 
 def steps_per_epoch(params: dict) -> int:
     """As the notebook counts them: Ray Train splits the lines evenly, each worker's last batch may be
-    partial (610 lines, 305 per worker, batches of 8: 39 steps)."""
+    partial (610 lines, 305 per worker, batches of 16: 20 steps)."""
     return math.ceil(FIXTURE_LINES // params["NUM_WORKERS"] / params["BATCH_SIZE_PER_WORKER"])
 
 
@@ -55,13 +56,14 @@ def test_trains_within_the_time_budget(smoke_run):  # SMOKE_BUDGET_S, which smok
     pinned = pinned_losses(NAME)
     assert [losses[s - 1] for s in pinned.steps] == pytest.approx(pinned.losses, abs=pinned.tolerance)
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, f"{losses[:5]} ... {losses[-5:]}"
-    # Three evaluations an epoch (steps 13, 26, 39) on the held-out lines, each worker its even share of
-    # the 41 (FIXTURE_HELD_OUT_LINES): 40 in all. The held-out loss falls too.
+    # Three evaluations an epoch (every 6 steps: 6, 12, 18, then 26, 32, 38) on the held-out lines, each
+    # worker its even share of the 41 (FIXTURE_HELD_OUT_LINES): 40 in all. The held-out loss falls too.
     held_out = {int(step): loss for step, loss in results["eval_losses"].items()}
-    every = steps_per_epoch(params) // 3
-    assert sorted(held_out) == [every, 2 * every, 3 * every], held_out
+    per_epoch, every = steps_per_epoch(params), steps_per_epoch(params) // 3
+    expected = [e * per_epoch + k * every for e in range(params["NUM_EPOCHS"]) for k in (1, 2, 3)]
+    assert sorted(held_out) == expected, held_out
     assert results["eval_rows"] == FIXTURE_HELD_OUT_LINES // 2 * 2
-    assert all(math.isfinite(v) for v in held_out.values()) and held_out[3 * every] < held_out[every], (
+    assert all(math.isfinite(v) for v in held_out.values()) and held_out[expected[-1]] < held_out[every], (
         held_out
     )
     print(f"nbval run: {wall:.0f} s wall, notebook clock {results['wall_seconds']:.0f} s")
@@ -87,18 +89,19 @@ def test_plan_matches_what_the_shards_hold(smoke_run):
 def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(smoke_run, ray_cluster):
     results, _ = smoke_run
     params = results["parameters"]
-    # The lesson's run: two nodes, the bucket, MLflow, and no kill.
-    check_cluster_run(results, ray_cluster, None, None, REPLAY_TOLERANCE)
-    assert [a["resumed_from_step"] for a in results["attempts"]] == [0]  # one worker group, from the start
-    # "When a worker dies": smoke mode kills the rank-1 worker at its run's step 7, after the step-4 checkpoint.
-    demo = results["worker_dies"]
-    planned = DEMO_EPOCHS * DEMO_STEPS_PER_EPOCH
-    kill_at = params["KILL_WORKER_AT_STEP"]
-    resumed_from = last_checkpoint_before(kill_at, DEMO_STEPS_PER_EPOCH)
-    assert 0 < resumed_from < kill_at <= planned  # killed after a checkpoint: a resume, not a restart
-    check_cluster_run(demo, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
-    assert demo["kill"]["replayed_steps"] == list(range(resumed_from + 1, kill_at))
-    assert len(demo["losses"]) == planned  # the planned steps, despite the restart
+    # The lesson's run, on two nodes, its checkpoints in the bucket, in MLflow; rank 1 killed from outside in
+    # the second epoch, after the first epoch's checkpoint.
+    per_epoch = steps_per_epoch(params)
+    kill_at = results["kill"]["at_step"]
+    resumed_from = last_checkpoint_before(kill_at, per_epoch)
+    assert SMOKE_RUN_KILL[NAME][0] <= kill_at and 0 < resumed_from < kill_at  # a resume, not a restart
+    check_cluster_run(results, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
+    assert [a["resumed_from_step"] for a in results["attempts"]] == [0, resumed_from]
+    first = [int(s) for s in results["attempts"][0]["losses"]]  # the killed group's steps
+    assert results["kill"]["replayed_steps"] == list(range(resumed_from + 1, max(first) + 1))
+    assert (
+        len(results["losses"]) == params["NUM_EPOCHS"] * per_epoch
+    )  # the planned steps, despite the restart
 
 
 @pytest.mark.notebook
@@ -108,7 +111,7 @@ def test_each_rank_read_only_its_own_shards_to_resume(smoke_run, ray_cluster):
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     results, _ = smoke_run
-    demo = results["worker_dies"]  # the "When a worker dies" run, which resumed from its step-4 checkpoint
+    demo = results  # the lesson's run, which resumed from its first epoch's checkpoint
     kill = demo["kill"]
     read, whole = kill["resume_bytes_per_rank"], kill["checkpoint_bytes"]
     # The final checkpoint's files stand for the resumed one's: the same tensors, a few bytes of loop state

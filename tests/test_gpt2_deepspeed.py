@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from notebook_runs import (
+    SMOKE_RUN_KILL,
     check_cluster_run,
     check_plan_matches_shards,
     fetch,
@@ -21,13 +22,12 @@ from zero_rank import zero_rank
 NAME = "gpt2_deepspeed"
 # The pinned first losses (how measured, tolerance): tests/assets/losses/gpt2_deepspeed.txt
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values
-# (the lesson's run: 2 epochs of MAX_STEPS_PER_EPOCH 12 steps; "When a worker dies": KILL_WORKER_AT_STEP 7).
-# The replayed steps 5-6 repeat their losses bit for bit on these CPU workers (measured: 0.0): model,
+# (the lesson's run: 2 epochs of MAX_STEPS_PER_EPOCH 12 steps, rank 1 killed from outside in the second, at
+# SMOKE_RUN_KILL's step or just after). The replayed steps repeat their losses bit for bit on these CPU
+# workers (measured: 0.0): model,
 # optimizer, data order and dropout masks (seeded per epoch) are all restored. 1e-4 leaves room for a
 # different reduction order elsewhere, and is far below a step's change of loss (about 0.05).
 REPLAY_TOLERANCE = 1e-4
-# "When a worker dies" trains a run of its own (results["worker_dies"]): 2 epochs of 4 steps, as its cell says.
-KILL_RUN_EPOCHS, KILL_RUN_STEPS_PER_EPOCH = 2, 4
 PLAN_TOLERANCE = 0.02  # the "will it fit?" plan's per-rank bytes against the measured partitions
 
 
@@ -78,17 +78,16 @@ def test_plan_matches_what_the_zero3_partitions_hold(stage3_run):
 @pytest.mark.notebook
 def test_on_two_nodes_with_a_killed_worker_resumed_from_the_bucket(stage3_run, ray_cluster):
     results, _ = stage3_run
-    # The lesson's run: two nodes, the bucket, MLflow, and no kill.
-    check_cluster_run(results, ray_cluster, None, None, REPLAY_TOLERANCE)
-    dies = results["worker_dies"]  # "When a worker dies": a run of its own
-    planned = KILL_RUN_EPOCHS * KILL_RUN_STEPS_PER_EPOCH
-    # Smoke mode kills the rank-1 worker at step 7 (epoch 2, step 3); the last checkpoint is epoch 1's (4).
-    kill_at = results["parameters"]["KILL_WORKER_AT_STEP"]
-    resumed_from = last_checkpoint_before(kill_at, KILL_RUN_STEPS_PER_EPOCH)
-    assert 0 < resumed_from < kill_at <= planned  # killed after a checkpoint: a resume, not a restart
-    check_cluster_run(dies, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
-    assert dies["kill"]["replayed_steps"] == list(range(resumed_from + 1, kill_at))
-    assert len(dies["losses"]) == planned  # the planned steps, despite the restart
+    # The lesson's run, on two nodes, its checkpoints in the bucket, in MLflow; rank 1 killed from outside in
+    # the second epoch, after the first epoch's checkpoint (step 12).
+    steps = results["parameters"]["MAX_STEPS_PER_EPOCH"]
+    kill_at = results["kill"]["at_step"]
+    resumed_from = last_checkpoint_before(kill_at, steps)
+    assert SMOKE_RUN_KILL[NAME][0] <= kill_at and 0 < resumed_from < kill_at  # a resume, not a restart
+    check_cluster_run(results, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE)
+    first = [int(s) for s in results["attempts"][0]["losses"]]  # the killed group's steps
+    assert results["kill"]["replayed_steps"] == list(range(resumed_from + 1, max(first) + 1))
+    assert len(results["losses"]) == results["parameters"]["NUM_EPOCHS"] * steps  # despite the restart
 
 
 @pytest.mark.notebook
@@ -103,7 +102,7 @@ def test_checkpoint_has_a_shard_per_worker(stage3_run, ray_cluster, tmp_path):
 
 @pytest.mark.notebook
 def test_each_worker_fetched_only_its_own_shard_to_resume(stage3_run, ray_cluster):
-    dies = stage3_run[0]["worker_dies"]  # the killed run's restart read its step-4 checkpoint
+    dies = stage3_run[0]  # the killed run's restart read its step-12 checkpoint
     kill = dies["kill"]
     fetched, total = kill["resume_bytes_per_rank"], kill["checkpoint_bytes"]
     # The sizes of that run's final checkpoint's files in the bucket stand for those of the one resumed

@@ -91,7 +91,7 @@ def test_set_up_and_smoke_mode_replaces_the_defaults(path, monkeypatch):
         exec(compile(cell.source, path.name, "exec"), defaults)  # noqa: S102 - the parameters cells
     if "helpers.use_smoke_values(" in set_up:  # the Set up spelt out: smoke mode, the checks, then Ray
         assert "if SMOKE_TEST:" in set_up and f'helpers.check_parameters("{path.stem}", globals())' in set_up
-        assert "ray.init(" in set_up and f'helpers.check_cluster("{path.stem}", globals())' in set_up
+        assert "ray.init(" in set_up and f'helpers.check_cluster("{path.stem}", globals()' in set_up
         table = _smoke_table_in_notebook(set_up)
     else:  # one call
         calls = [ln for ln in set_up.splitlines() if ln and not ln.startswith(("import ", "#"))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from helpers.plan import Recipe
 from helpers.validate import ParameterError, check_choice, check_int, check_positive
 
-from . import check_common, run_settings, section_run
+from . import check_common
 
 ELASTIC_REFUSED = (
     "its sharded checkpoint would load on any number of workers (through DCP), but "
@@ -35,7 +35,7 @@ def check(p: dict) -> None:
         raise ParameterError(
             "CPU_OFFLOAD=True needs USE_GPU=True: on CPU workers the model is in CPU memory."
         )
-    check_common(p, 2 * 4)  # the kill is a step of "When a worker dies"'s own run: 2 epochs of 4 steps
+    check_common(p)
 
 
 def plan_recipe(p: dict) -> Recipe:
@@ -57,51 +57,3 @@ def plan_recipe(p: dict) -> Recipe:
             "disk": "Choose nodes with more local disk in CLUSTER.",
         },
     )
-
-
-def smoke(namespace: dict) -> dict:
-    """Smoke mode's table: `{parameter: (the full-scale default, the laptop value)}`."""
-    from harness.fixtures import play_script_fixture
-    from harness.tiny_models import tiny_model
-
-    return {
-        # 2 layers, random weights, stored in bf16 like the Hub's dolly-v2-7b
-        "MODEL_NAME": ("databricks/dolly-v2-7b", tiny_model("gpt_neox", dtype="bfloat16")),
-        "DATASET_NAME": ("karpathy/tiny_shakespeare", play_script_fixture()),
-        "NUM_WORKERS": (16, 2),
-        "CPUS_PER_WORKER": (8, 1),
-        "PRECISION": ("16-mixed", "bf16-mixed"),  # CPUs have no fp16 autocast
-        "CPU_OFFLOAD": (True, False),
-        "MAX_SEQ_LEN": (256, 32),  # the fixture's lines are short
-        "BATCH_SIZE_PER_WORKER": (5, 8),
-        "LEARNING_RATE": (2e-5, 3e-3),  # random weights need far bigger steps than fine-tuning
-        **run_settings(7),  # "When a worker dies": its run's step 7 of 8, after the step-4 checkpoint
-    }
-
-
-def results(ns: dict) -> dict:
-    """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from harness.storage import uri
-
-    watch, result, losses = ns["watch"], ns["result"], ns["losses"]
-    ranks = watch.ranks()
-    workers = ns["NUM_WORKERS"]
-    return {
-        "losses": losses,
-        "eval_losses": ns["held_out"],  # step -> the held-out lines' mean loss
-        "eval_rows": ns["eval_lines"] // workers * workers,  # Ray Train splits them evenly: the rest wait
-        "checkpoint_path": uri(result.checkpoint.filesystem, result.checkpoint.path),
-        "final_loss": losses[-1],
-        "param_shard_fraction": [r["param_shard_fraction"] for r in ranks],
-        "param_dtypes": ranks[0]["param_dtypes"],
-        "state_bytes": [r["state_bytes"] for r in ranks],
-        "plan": ns["plan"].as_dict(),
-        "worker_node_ids": [r["node_id"] for r in ranks],
-        "attempts": watch.attempts(),
-        "kill": None,
-        "worker_dies": section_run(ns, "dolly_lightning_fsdp"),
-        "generated": ns["generated"],
-        "train_seconds": ns["train_seconds"],
-        "cost_usd": ns["this_cost"],
-        "mlflow_run_id": watch.mlflow_run_id,
-    }

@@ -1,4 +1,6 @@
-"""gpt2_deepspeed: DeepSpeed ZeRO stages 1-3 in Ray Train workers, sharded checkpoints, resuming."""
+"""gpt2_deepspeed: DeepSpeed ZeRO stages 1-3 in Ray Train workers, sharded checkpoints, resuming.
+
+Its smoke values and its results are in the notebook itself (the Set up cell, the last cell)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,7 @@ import re
 from helpers.plan import Recipe
 from helpers.validate import ParameterError, check_choice, check_int
 
-from . import check_common, run_settings, section_run
-
-# "When a worker dies" trains 2 epochs of 4 steps (its cell's `kill_epochs, kill_steps_per_epoch`).
-KILL_RUN_STEPS = 2 * 4
+from . import check_common
 
 ELASTIC_REFUSED = (
     "DeepSpeed ZeRO checkpoints hold one partition per rank and load only at the world "
@@ -47,7 +46,7 @@ def check(p: dict) -> None:
     if p["PRECISION"] == "fp16" and not p["USE_GPU"]:
         # DeepSpeed's CPU accelerator supports fp16 only with special builds; bf16 works everywhere.
         raise ParameterError("PRECISION='fp16' needs USE_GPU=True; on CPU use PRECISION='bf16' or 'fp32'.")
-    check_common(p, KILL_RUN_STEPS)  # KILL_WORKER_AT_STEP: a step of "When a worker dies"'s own run
+    check_common(p)
 
 
 def plan_recipe(p: dict) -> Recipe:
@@ -65,50 +64,3 @@ def plan_recipe(p: dict) -> Recipe:
             "disk": "Choose nodes with more local disk in CLUSTER.",
         },
     )
-
-
-def smoke(namespace: dict) -> dict:
-    """Smoke mode's table: `{parameter: (the full-scale default, the laptop value)}`."""
-    from harness.fixtures import ag_news_fixture
-    from harness.tiny_models import tiny_model
-
-    return {
-        "MODEL_NAME": ("gpt2", tiny_model("gpt2")),  # 2 layers, random weights
-        "DATASET_NAME": ("ag_news", ag_news_fixture()),  # ag_news-shaped parquet files
-        "CPUS_PER_WORKER": (8, 1),
-        "MAX_SEQ_LEN": (512, 64),  # the fixture's headlines are short
-        "BATCH_SIZE_PER_WORKER": (1, 8),  # less noisy losses than 1 sample per step
-        "NUM_EPOCHS": (1, 2),  # two checkpoints before the resume section adds a third epoch
-        "MAX_STEPS_PER_EPOCH": (30, 12),
-        "LEARNING_RATE": (1e-6, 2e-3),  # random weights need far bigger steps than fine-tuning
-        # "When a worker dies" trains 2 epochs of 4 steps: step 7 comes after its step-4 checkpoint.
-        **run_settings(7),
-    }
-
-
-def results(ns: dict) -> dict:
-    """The run's numbers, from the notebook's globals once "What the run showed" has run."""
-    from harness.storage import uri
-
-    watch, result, resumed, losses = ns["watch"], ns["result"], ns["resumed"], ns["losses"]
-    ranks = watch.ranks()  # what each worker measured at its first step
-    history = result.metrics_dataframe.sort_values("epoch")  # a row per epoch: its step and held-out loss
-    return {
-        "losses": losses,
-        "eval_losses": {int(s): float(v) for s, v in zip(history["step"], history["eval_loss"], strict=True)},
-        "eval_rows": int(history["eval_rows"].iat[0]),
-        "checkpoint_path": uri(result.checkpoint.filesystem, result.checkpoint.path),
-        "final_loss": losses[-1],
-        "zero_stage": ns["ZERO_STAGE"],
-        "offload": ns["OFFLOAD"],
-        "state_bytes": [r["state_bytes"] for r in ranks],
-        "plan": ns["plan"].as_dict(),
-        "partition_fraction": [r["partition_fraction"] for r in ranks],
-        "resumed_start_epoch": ns["resumed_start_epoch"],
-        "resumed_losses": ns["resumed_losses"],
-        "resumed_checkpoint_path": uri(resumed.checkpoint.filesystem, resumed.checkpoint.path),
-        "worker_node_ids": [r["node_id"] for r in ranks],
-        "kill": None,
-        "worker_dies": section_run(ns, "gpt2_deepspeed"),
-        "mlflow_run_id": watch.mlflow_run_id,
-    }
