@@ -605,6 +605,8 @@ SMOKE_RUN_KILL = {
     "glue_text_classification": (20, 16),
     "gpt2_deepspeed": (14, 12),  # 2 epochs of 12 steps
     "dolly_lightning_fsdp": (23, 20),  # 2 epochs of 20 steps
+    "llama_fsdp": (14, 12),  # 24 steps, a checkpoint every 12
+    "llama_lora": (14, 12),  # as llama_fsdp's
 }
 
 

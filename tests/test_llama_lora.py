@@ -1,6 +1,6 @@
 """The LoRA notebook (`llama_lora`), in smoke mode on the test cluster: adapters over a frozen bf16 base,
 the FSDP2 recipe of `llama_fsdp` (imported from helpers/llama_recipe.py), adapter checkpoints that resume
-(its "when a worker dies" section's own run), and a PEFT adapter folder as the export.
+(rank 1 killed from outside), and a PEFT adapter folder as the export.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from notebook_runs import (
     ARTIFACTS,
+    SMOKE_RUN_KILL,
     TrackingStopped,
     check_cluster_run,
     check_held_out,
@@ -15,17 +16,16 @@ from notebook_runs import (
     execute,
     fetch,
     filesystem,
+    killed_in,
     last_checkpoint_before,
 )
 
 NAME = "llama_lora"
 RANK = 4  # smoke mode's LORA_RANK
-# Smoke mode's run (section 7): 12 steps of 2 micro-steps of 1 sequence per worker, a checkpoint every 4
-# steps, no kill. "When a worker dies" then trains its own run of KILL_WORKER_AT_STEP + 1 = 8 steps, rank 1
-# killed at step 7; steps 5-6 run twice after it (measured: 0.0 difference, as for full fine-tuning).
-# One run, both fits (section 7's and the demo's, 8 steps with the kill), on the two-node cluster with the
-# tracking server stopped: 95 s on a CPU with bf16 instructions, 216 s on a 2-core AVX2 one (2026-11-28;
-# 152 s of it in the two fits, 64 s in the cells around them). Its budget, twice the slower:
+# Smoke mode's run (section 7): 24 steps of 2 micro-steps of 1 sequence per worker, a checkpoint every 12
+# steps; rank 1 killed from outside after the step-12 checkpoint (SMOKE_RUN_KILL), the steps since replayed.
+# Before (2026-11-28, two fits: 12 steps, then a demonstration's 8 with a kill), on the two-node cluster with
+# the tracking server stopped: 95 s on a CPU with bf16 instructions, 216 s on a 2-core AVX2 one. Its budget:
 REPLAY_TOLERANCE = 1e-4
 LORA_BUDGET_S = 450
 # A request to the stopped server waits 10 s when bounded (harness.tracking.BOUNDED_HTTP), 120 s or more
@@ -39,7 +39,7 @@ def lora_run(ray_cluster):
     """The LoRA run, with the cluster's tracking server stopped from its first logged step to its end: no
     worker calls MLflow, so training must not notice (the other notebook runs check what MLflow records)."""
     parameters = {"SMOKE_TEST": True, "LORA_MERGED": True}
-    with TrackingStopped(NAME) as tracking:
+    with TrackingStopped(NAME) as tracking, killed_in(NAME, ray_cluster):
         results, wall, error = execute(
             NAME, parameters, "tracking_stopped", cluster=ray_cluster, budget_s=LORA_BUDGET_S
         )
@@ -63,7 +63,7 @@ def test_lora_trains_only_the_adapters(lora_run):
     assert results["trainable_params"] / results["num_params"] < 0.02
     assert results["frozen_tensors_changed"] == 0  # every base weight bit-identical after training
     losses = results["losses"]
-    # Measured: the last 4 steps' mean 0.81 of the first 4's (12 steps; adapters start as a no-op).
+    # Measured: the last 4 steps' mean 0.81 of the first 4's over 12 steps (adapters start as a no-op).
     assert sum(losses[-4:]) / 4 < 0.9 * sum(losses[:4]) / 4, f"{losses[:4]} ... {losses[-4:]}"
     check_held_out(results, results["parameters"]["EVAL_STEPS"])  # llama_fsdp's held-out rows, every 4 steps
     # The plan's LoRA shards against what each rank held: the bf16 base and fp32 adapters, their moments,
@@ -93,14 +93,14 @@ def test_lora_resumes_from_the_adapter_checkpoint(lora_run, ray_cluster):
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     results, _ = lora_run
-    params, demo = results["parameters"], results["worker_dies"]  # the section's own run
-    kill_at = params["KILL_WORKER_AT_STEP"]
+    params, demo = results["parameters"], results  # the lesson's run, rank 1 killed from outside
+    kill_at = results["kill"]["at_step"]
     resumed_from = last_checkpoint_before(kill_at, params["SAVE_STEPS"])
+    assert SMOKE_RUN_KILL[NAME][0] <= kill_at and 0 < resumed_from < kill_at
     check_cluster_run(demo, ray_cluster, kill_at, resumed_from, REPLAY_TOLERANCE, tracked=False)
-    assert len(demo["losses"]) == kill_at + 1
+    assert len(demo["losses"]) == params["MAX_STEPS"]
     # The base is read again after the restart (it is not in the checkpoint); the adapters come from it.
-    assert sum(1 for a in demo["attempts"] if a["ranks"]) == 2
-    assert results["pretrained_loads"] == 1 and results["kill"] is None  # section 7's run: no restart
+    assert sum(1 for a in demo["attempts"] if a["ranks"]) == 2 == results["pretrained_loads"]
     # The checkpoint in the bucket holds the adapters and their two moments: 12 bytes per adapter parameter,
     # as the plan counts it (measured: 1,892,352 bytes of tensors for 157,696 parameters; the rest are
     # AdamW's step counts). DCP frames each rank's piece of each stored item (about 1.6 kB) and adds its
@@ -188,11 +188,10 @@ def test_a_stopped_tracking_server_costs_no_training_step(lora_run, ray_cluster)
 
     results, wall = lora_run
     assert len(results["losses"]) == results["parameters"]["MAX_STEPS"]
-    assert results["worker_dies"]["kill"]["restarts"] == 1
-    runs = (results, results["worker_dies"])
-    steps = [s for run in runs for a in run["attempts"] for s in a["step_seconds"].values()]
+    assert results["kill"]["restarts"] == 1
+    steps = [s for a in results["attempts"] for s in a["step_seconds"].values()]
     assert max(steps) < LORA_STEP_S, steps
-    outside = wall - sum(run["train_seconds"] for run in runs)
+    outside = wall - results["train_seconds"]
     assert outside < LORA_OUTSIDE_FITS_S, f"{outside:.0f} s outside the fits with the tracking server stopped"
     executed = json.loads((ARTIFACTS / "notebooks" / f"{NAME}-tracking_stopped.ipynb").read_text())
     printed = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", []))
