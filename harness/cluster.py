@@ -28,6 +28,7 @@ from helpers.cluster import ResourceRequestError, alive_nodes, fetch_model
 __all__ = [
     "ray_init_args",
     "ray_log_file",
+    "cluster_ray_finds",
     "start_ray",
     "check_resources",
     "prefetch_model_on_nodes",
@@ -327,7 +328,7 @@ def ray_init_args(num_cpus: int | None = None, **init_kwargs) -> dict:
     """
     from harness.tracking import configure as configure_tracking
 
-    found = None if os.environ.get("RAY_ADDRESS") else _cluster_ray_finds()
+    found = None if os.environ.get("RAY_ADDRESS") else cluster_ray_finds()
     if found:  # from here on (checks, jobs) the cluster it is, as with RAY_ADDRESS
         os.environ["RAY_ADDRESS"] = found
     _worker_log["found"] = found
@@ -408,7 +409,7 @@ def start_ray(
     return ray.cluster_resources()
 
 
-def _cluster_ray_finds() -> str | None:
+def cluster_ray_finds() -> str | None:
     """The address of the cluster `ray.init()` would attach to without `RAY_ADDRESS`: the last one
     `ray start` started on this machine (Ray's `<temp dir>/ray/ray_current_cluster`, under `RAY_TMPDIR`,
     `TMPDIR` or /tmp). None where there is none: then a local Ray starts. On a head node a notebook must

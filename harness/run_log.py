@@ -158,10 +158,15 @@ class RunLog:
         return True
 
     def progress(self) -> dict:
-        """Where the run is, for a watcher outside it: the attempts so far, the last step logged in the
-        latest, and each rank's facts (its node and process)."""
-        last = self.attempts[-1]["losses"] if self.attempts else {}
-        return {"attempts": len(self.attempts), "last_step": max(last, default=0), "ranks": self.ranks()}
+        """Where the run is, for a watcher outside it: the attempts so far, the latest's last step logged and
+        world size, and each rank's latest facts (its node and process)."""
+        latest = self.attempts[-1] if self.attempts else {"losses": {}, "ranks": {}, "world_size": None}
+        return {
+            "attempts": len(self.attempts),
+            "last_step": max(latest["losses"], default=0),
+            "world_size": latest["world_size"],
+            "ranks": self.ranks(),  # each rank's latest facts
+        }
 
     # ---- what the notebook reads
     def flush_tracking(self, timeout: float = 10.0) -> int:

@@ -8,6 +8,7 @@ deadlines, the observers, MLflow tracking, results, smoke mode) is the `harness`
 notebooks call from it (`watch`, the observers, `show_run`, `save_results`) are here too.
 """
 
+from harness import drills
 from harness.cache import local_storage
 from harness.observe import Observer, lightning_observer, trainer_observer, watch
 from harness.results import save_results, write_results
@@ -80,6 +81,7 @@ def chat_fixture() -> str:
 __all__ = [
     # modules: the notebooks name cluster, fsdp, plan, sizing and storage
     "cluster",
+    "drills",
     "zero_checkpoint",
     # what the notebooks call
     "GLUE_TASKS",

@@ -1,0 +1,292 @@
+"""The faults of the operating_a_run notebook, played from outside the training code: a worker killed, a spot
+notice, a node lost and another one joining.
+
+The training function never kills anything. Each drill runs in the notebook's process while `fit()` trains in
+a thread of it (`during`), and acts as the world does: Ray's chaos tests kill a worker from a task on its node
+(`ray._private.test_utils`), a cloud sends a spot instance's notice and takes the instance away at the
+deadline, an autoscaler adds a node. Where the nodes are the notebook's own (`LaptopCluster`, on a laptop),
+a drill stops and starts them; on any other cluster it kills a worker and gives a notice (a drain with a
+deadline, Ray's own call), and leaves taking nodes away to the cloud.
+
+What each drill saw is returned as a dict (the steps it acted at) for the notebook's results.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["LaptopCluster", "during", "kill_worker", "spot_notice", "lose_node", "section_costs", "DRILL_ENV"]
+
+# Ray Train's controller: look at the workers (their reports, their deaths) every 0.5 s, at drains every
+# 1 s (defaults: 2 s and 5 s, for runs of hours); and keep the preemption watcher on.
+DRILL_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
+}
+
+
+class LaptopCluster:
+    """A Ray cluster on this machine, made of processes this notebook owns (`ray.cluster_utils.Cluster`, as
+    Ray's own tests make them): a head node with no CPU for training (the driver, Ray Train's controller and
+    the run log live there) and `nodes` worker nodes of `cpus` CPUs each, so that one worker fits per node."""
+
+    def __init__(self, nodes: int = 2, cpus: int = 1, object_store_mb: int = 200) -> None:
+        import tempfile
+
+        from ray.cluster_utils import Cluster
+
+        os.environ.update(DRILL_ENV)  # the processes started below inherit them
+        # Its own temp dir: Ray writes the cluster's address there (ray_current_cluster), where a plain
+        # `ray.init()` elsewhere on this machine would otherwise find it and attach.
+        os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-laptop-")
+        self.cpus, self.store = cpus, object_store_mb * 10**6
+        self.cluster = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": self.store}
+        )
+        self.nodes = {}
+        for _ in range(nodes):
+            self.add()
+        self.cluster.wait_for_nodes()
+
+    @staticmethod
+    def needed() -> bool:
+        """Whether `ray.init()` would start a Ray of its own here: no `RAY_ADDRESS`, no `ray start` cluster on
+        this machine. A drill needs nodes to lose: then this notebook makes them."""
+        from harness.cluster import cluster_ray_finds
+
+        return not (os.environ.get("RAY_ADDRESS") or cluster_ray_finds())
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def add(self) -> str:
+        """A new worker node (from the main thread only: Ray installs a signal handler); its id."""
+        node = self.cluster.add_node(num_cpus=self.cpus, object_store_memory=self.store)
+        self.nodes[node.node_id] = node
+        return node.node_id
+
+    def lose(self, node_id: str, notice: bool = False) -> bool:
+        """Stop every process of the node `node_id`: after a notice, as the cloud reclaims an instance
+        (SIGTERM: Ray records the preemption it announced); without one, as a crash (SIGKILL)."""
+        node = self.nodes.pop(node_id, None)
+        if node is None:
+            return False
+        self.cluster.remove_node(node, allow_graceful=notice)
+        return True
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+def during(fit: Callable, drill: Callable[[], dict]) -> tuple:
+    """Run `fit()` in a thread while `drill()` plays the world's part here; return (fit's result, what the
+    drill saw). An error in either is raised here, the drill's after fit has ended."""
+    out: dict = {}
+
+    def train() -> None:
+        try:
+            out["result"] = fit()
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+            out["error"] = exc
+
+    thread = threading.Thread(target=train, name="fit", daemon=True)
+    thread.start()
+    try:
+        seen = drill(lambda: thread.is_alive())
+    finally:
+        thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["result"], seen
+
+
+def _progress(watch) -> dict:
+    import ray
+
+    return ray.get(watch.run_log.progress.remote(), timeout=30)
+
+
+def _wait(watch, training, until: Callable[[dict], bool], poll_s: float = 0.2) -> dict | None:
+    """Poll the run log until `until(progress)`; None if the run ended first."""
+    while training():
+        progress = _progress(watch)
+        if until(progress):
+            return progress
+        time.sleep(poll_s)
+    return None
+
+
+def _worker_node(progress: dict) -> tuple[int, str, int]:
+    """(rank, node id, pid) of the last rank not on the head node (rank 1 on two nodes): the one a drill
+    takes away. The head keeps the driver, Ray Train's controller and the run log."""
+    import ray
+
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    ranks = list(enumerate(progress["ranks"]))
+    rank, facts = next(((r, f) for r, f in reversed(ranks) if f["node_id"] != head), ranks[-1])
+    return rank, facts["node_id"], facts["pid"]
+
+
+def _kill_on_node(node_id: str, pid: int) -> None:
+    """SIGKILL `pid` from a task on its node, as Ray's `WorkerKillerActor` does."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def kill(pid: int) -> None:
+        import signal
+
+        os.kill(pid, signal.SIGKILL)
+
+    ray.get(kill.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid))
+
+
+def _look_now() -> None:
+    """Have Ray Data's autoscaling coordinator, whose reservations size Ray Train's worker groups, look at
+    the cluster now rather than at its next 20 s tick (the call Ray makes before it pins work to nodes)."""
+    import ray
+
+    try:
+        coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
+        ray.get(coordinator.get_reserved_resources.remote("drill", recompute=True), timeout=30)
+    except Exception:  # noqa: BLE001 - not there (no elastic run yet): nothing to refresh
+        pass
+
+
+def kill_worker(watch, at_step: int, settle_s: float = 1.0):
+    """A drill for `during`: once the first attempt has logged `at_step`, SIGKILL the worker on the first
+    node that is not the head (rank 1 on a two-node run), after `settle_s` (two of the controller's health
+    checks: the checkpoint reported before is registered). Returns {"at_step", "rank"}."""
+
+    def drill(training) -> dict:
+        import ray
+
+        progress = _wait(
+            watch,
+            training,
+            lambda p: p["attempts"] == 1 and p["last_step"] >= at_step and len(p["ranks"]) > 1,
+        )
+        if progress is None:
+            return {}
+        rank, node, pid = _worker_node(progress)
+        ray.get(watch.run_log.claim_kill.remote(progress["last_step"], f"rank {rank}'s process is killed"))
+        time.sleep(settle_s)
+        _kill_on_node(node, pid)
+        return {"at_step": progress["last_step"], "rank": rank}
+
+    return drill
+
+
+def _drain(node_id: str, deadline_s: float) -> int:
+    """A spot notice: Ray's drain of `node_id`, reason PREEMPTION, with a deadline `deadline_s` from now
+    (what `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds N` sends).
+    Returns the deadline, in UNIX milliseconds."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    deadline_ms = int((time.time() + deadline_s) * 1000)
+    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
+    accepted, message = gcs.drain_node(node_id, reason, "a spot notice (operating_a_run)", deadline_ms)
+    if not accepted:
+        raise RuntimeError(f"Ray refused to drain node {node_id[:8]}: {message}")
+    return deadline_ms
+
+
+def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster | None):
+    """A drill for `during`: once the first attempt has logged `at_step`, the node of the first rank off the
+    head gets a spot notice (`_drain`). At the deadline, the cloud takes it away (`cluster.lose`, where the
+    nodes are this notebook's) and its autoscaler adds another (`cluster.add`). Returns {"notice_at_step",
+    "rank", "deadline_s", "node_replaced"}."""
+
+    def drill(training) -> dict:
+        progress = _wait(
+            watch,
+            training,
+            lambda p: p["attempts"] == 1 and p["last_step"] >= at_step and len(p["ranks"]) > 1,
+        )
+        if progress is None:
+            return {}
+        import ray
+
+        rank, node, _ = _worker_node(progress)
+        _drain(node, deadline_s)
+        deadline_ms = ray._private.state.state.get_draining_nodes().get(node)  # as Ray holds it
+        seen = {"notice_at_step": progress["last_step"], "rank": rank, "deadline_s": deadline_s}
+        # Taken away only after the deadline: Ray then records the node's death as the preemption it
+        # announced, not a failure (and Ray Train restarts the run at the deadline in any case).
+        while training() and deadline_ms and time.time() * 1000 < deadline_ms + 500:
+            time.sleep(0.2)
+        seen["node_replaced"] = cluster is not None and cluster.lose(node, notice=True)
+        if seen["node_replaced"]:
+            cluster.add()
+            _look_now()
+        return seen
+
+    return drill
+
+
+def lose_node(watch, after_step: int, back_after_steps: int, cluster: LaptopCluster | None, settle_s=1.0):
+    """A drill for `during` (an elastic run): once the first attempt has logged `after_step`, the node of the
+    first rank off the head is lost without notice (`cluster.lose`, where the nodes are this notebook's);
+    once a smaller group has trained `back_after_steps` steps, a new node joins (`cluster.add`). Returns
+    {"lost_after_step", "added_after_step"} (empty where the nodes are not this notebook's)."""
+
+    def drill(training) -> dict:
+        if cluster is None:
+            return {}
+        progress = _wait(
+            watch,
+            training,
+            lambda p: p["attempts"] == 1 and p["last_step"] >= after_step and len(p["ranks"]) > 1,
+        )
+        if progress is None:
+            return {}
+        _, node, _ = _worker_node(progress)
+        time.sleep(settle_s)  # the checkpoint reported before: registered
+        cluster.lose(node)
+        _look_now()
+        seen = {"lost_after_step": progress["last_step"]}
+        start = {}
+
+        def shrunk_and_trained(p: dict) -> bool:
+            if p["attempts"] < 2 or (p["world_size"] or 0) >= len(progress["ranks"]):
+                return False
+            start.setdefault(p["attempts"], p["last_step"])
+            return p["last_step"] >= start[p["attempts"]] + back_after_steps
+
+        progress = _wait(watch, training, shrunk_and_trained)
+        if progress is not None:
+            cluster.add()
+            _look_now()
+            seen["added_after_step"] = progress["last_step"]
+        return seen
+
+    return drill
+
+
+def section_costs(p: dict) -> dict[str, float] | None:
+    """Each section's GPU cost at full scale, in USD (`helpers.cost.run_cost`), from the plan's step time at the
+    post's speed: STEPS_PER_SECTION steps, plus the steps a section repeats, plus the time its restarts wait
+    (the notice's deadline). None on CPU workers."""
+    from helpers.cost import run_cost
+    from helpers.sizing import cluster_step_seconds
+
+    step_s = cluster_step_seconds(p)
+    if step_s is None:
+        return None
+    steps, cluster = p["STEPS_PER_SECTION"], p["CLUSTER"]
+    restart_s = 300  # a new worker group, the 7B reloaded from the checkpoint: minutes at full scale
+    repeated = p["KILL_WORKER_AT_STEP"] - p["KILL_WORKER_AT_STEP"] // p["SAVE_STEPS"] * p["SAVE_STEPS"]
+    elastic_step_s = cluster_step_seconds(p, p["MIN_WORKERS"]) or step_s
+    return {
+        "a worker dies": run_cost((steps + repeated) * step_s + restart_s, cluster),
+        "a spot notice": run_cost(steps * step_s + p["NOTICE_DEADLINE_S"] + restart_s, cluster),
+        # up to half the steps at MIN_WORKERS (the nodes of the others still billed until reclaimed)
+        "a node is lost": run_cost(steps / 2 * (step_s + elastic_step_s) + 2 * restart_s, cluster),
+    }
