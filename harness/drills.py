@@ -60,6 +60,16 @@ class LaptopCluster:
 
         return not (os.environ.get("RAY_ADDRESS") or cluster_ray_finds())
 
+    @classmethod
+    def where_needed(cls, nodes: int = 2, cpus: int = 1) -> LaptopCluster | None:
+        """A new laptop cluster, which `ray.init()` will attach to (`RAY_ADDRESS`), where `needed()`; else
+        None: the cluster that runs is the one to use."""
+        if not cls.needed():
+            return None
+        cluster = cls(nodes, cpus)
+        os.environ["RAY_ADDRESS"] = cluster.address
+        return cluster
+
     @property
     def address(self) -> str:
         return self.cluster.address
@@ -270,13 +280,14 @@ def lose_node(watch, after_step: int, back_after_steps: int, cluster: LaptopClus
     return drill
 
 
-def section_costs(p: dict) -> dict[str, float] | None:
-    """Each section's GPU cost at full scale, in USD (`helpers.cost.run_cost`), from the plan's step time at the
-    post's speed: STEPS_PER_SECTION steps, plus the steps a section repeats, plus the time its restarts wait
-    (the notice's deadline). None on CPU workers."""
+def section_costs(namespace: dict) -> dict[str, float] | None:
+    """Each section's GPU cost at full scale (the notebook's defaults, even in smoke mode), in USD
+    (`helpers.cost.run_cost`), from the plan's step time at the post's speed: STEPS_PER_SECTION steps, plus
+    the steps a section repeats, plus the time its restarts wait (the notice's deadline). None on CPUs."""
     from helpers.cost import run_cost
-    from helpers.sizing import cluster_step_seconds
+    from helpers.sizing import cluster_step_seconds, full_scale
 
+    p = full_scale(namespace)
     step_s = cluster_step_seconds(p)
     if step_s is None:
         return None

@@ -110,7 +110,11 @@ _names: list[str] = []  # the parameters, as `check_parameter_names` found them
 REFUSED_WITH_A_REASON = {"MIN_WORKERS"}
 # Parameters that belong to another notebook now: the hint an unknown-name error gives instead of a guess.
 ELSEWHERE = {
-    name: "LoRA has its own notebook, llama_lora" for name in ("LORA_RANK", "LORA_ALPHA", "LORA_MERGED")
+    **{name: "LoRA has its own notebook, llama_lora" for name in ("LORA_RANK", "LORA_ALPHA", "LORA_MERGED")},
+    **{
+        name: "a killed worker and a lost node are the operating_a_run notebook's"
+        for name in ("KILL_WORKER_AT_STEP", "RESIZE_CHECK_S", "SHORT_SAVE_STEPS")
+    },
 }
 
 
