@@ -54,7 +54,7 @@ TQDM = re.compile(
 TQDM_LOSS = re.compile(r"(\w*loss\w*)=([-+\d.eE]+|nan|inf)")
 STEP_LOSS = re.compile(r"\bstep\s+\d+(?:/\d+)?\b.*\bloss\b", re.IGNORECASE)
 # The notebooks' own lines (the run log's, printed by harness.run_log.show_progress) and, where a notebook shows
-# its workers' output (helpers.start_ray(show_worker_logs=True)), Ray's and the frameworks' lines.
+# its workers' output (harness.cluster.ray_log_file(show_worker_logs=True)), Ray's and the frameworks' lines.
 ALERTS = re.compile(
     r"killing my own process|kills its own process|^Ray Train started a new worker group|^rank 1 died at step"
     r"|^A worker died or was killed|^\[FailurePolicy\]|^Killed at step"

@@ -1,6 +1,6 @@
 """The Set up cell's checks, one call each: the parameters (and "will it fit?"), then the cluster.
 
-Used by `helpers.set_up`, the "Set up" cell of every notebook:
+Used by the "Set up" cell of every notebook (`helpers.check_parameters`, `helpers.check_cluster`):
 
 - `check_parameters(notebook, globals())` fails at once, naming the parameter and what is allowed, on
   a name the notebook does not have (a misspelt `papermill -p`), a bad value, storage that cannot be

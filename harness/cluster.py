@@ -154,7 +154,7 @@ def forget_outside_cluster(environ=os.environ) -> list[str]:
     return names
 
 
-# Python's cyclic garbage collector, as `helpers.set_up` and every worker of the job set it: a young
+# Python's cyclic garbage collector, as `helpers.check_parameters` and every worker of the job set it: a young
 # generation of 10,000 objects instead of 700. Each Ray worker is a new process that imports torch, Ray Train
 # and the framework (millions of objects, none of them garbage) and the default collector spent about a
 # fifth of that import tracing them: torch + transformers + Lightning + Ray Train in 5.6-6.1 s, 4.9 s with

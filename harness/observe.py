@@ -1,8 +1,7 @@
 """Watching a training run from outside its training code.
 
 The notebooks' training loops hold the tutorial's steps; what a run also needs (a progress line per logging
-interval, the curve in MLflow, what each worker measured, the planned kill of "When a worker dies") comes
-from two objects:
+interval, the curve in MLflow, what each worker measured) comes from two objects:
 
 - `watch(...)`, in the driver: a `Watch`, which goes to the workers in the training config. It owns the
   run's `RunLog` actor, which outlives the workers and logs to MLflow from a thread of its own, and, as a
@@ -11,7 +10,7 @@ from two objects:
   step, where the original printed its loss. It returns the loss averaged over the workers.
 
 An observer can never fail or stall a step. It calls the actor without waiting for an answer, and never
-MLflow; the one call it waits for (the kill's claim, on rank 1, once) has a 30 s bound. Each of its parts
+MLflow. Each of its parts
 catches its own errors, and the first one becomes one warning line in the training cell; training goes on.
 Its one collective, the loss average, runs on the loss's own device (a GPU's for NCCL), like the step's own
 collectives: a worker that died fails it as it fails the step.
@@ -30,11 +29,10 @@ __all__ = ["Watch", "watch", "Observer", "lightning_observer", "trainer_observer
 
 @dataclass
 class Watch:
-    """The run's observers' shared state: the `RunLog` actor, the MLflow run, the planned kill's step."""
+    """The run's observers' shared state: the `RunLog` actor and the MLflow run."""
 
     run_log: object
     mlflow_run_id: str | None
-    kill_at_step: int = 0
     total_steps: int | None = None
     print_every: int = 1
     seconds: float = 0.0  # how long the run trained: the time inside `with watch:`
@@ -61,11 +59,11 @@ class Watch:
 
     def resumed(self, total_steps: int) -> Watch:
         """A watch for a run that continues this one from its checkpoint, up to `total_steps`: the same
-        MLflow run and progress lines, and no planned kill."""
+        MLflow run and progress lines."""
         from harness.run_log import run_log
 
-        log = run_log(total_steps, self.print_every, 0, self.mlflow_run_id)
-        return Watch(log, self.mlflow_run_id, 0, total_steps, self.print_every)
+        log = run_log(total_steps, self.print_every, self.mlflow_run_id)
+        return Watch(log, self.mlflow_run_id, total_steps, self.print_every)
 
     def _get(self, method: str):
         import ray
@@ -89,7 +87,7 @@ class Watch:
         return self._get("ranks")
 
     def kill_summary(self) -> dict | None:
-        """The planned kill and the resume that followed (`RunLog.kill_summary`); None without a kill."""
+        """A kill from outside and the resume that followed (`RunLog.kill_summary`); None without one."""
         return self._get("kill_summary")
 
     def workers(self, plan=None):
@@ -116,25 +114,20 @@ def watch(
     total_steps: int,
     *,
     print_every: int | None = None,
-    kill_at_step: int = 0,
     mlflow_run_id: str | None = None,
 ) -> Watch:
     """In the driver, before `fit()`: the run's `Watch`.
 
     `namespace`, the notebook's `globals()`. A progress line comes every `LOGGING_STEPS` steps where the
-    notebook has that parameter (else `print_every`, else about six lines a run). `kill_at_step` > 0 plans
-    a kill: the rank-1 worker kills its own process at that step ("When a worker dies" passes it; checked:
-    a step of this run, with a rank 1 to kill). A new MLflow run records the notebook's parameters, unless
-    `mlflow_run_id` continues one (a resumed run)."""
-    from harness.run_log import check_kill_step, run_log
+    notebook has that parameter (else `print_every`, else about six lines a run). A new MLflow run records
+    the notebook's parameters, unless `mlflow_run_id` continues one (a resumed run)."""
+    from harness.run_log import run_log
 
     if print_every is None:
         print_every = namespace.get("LOGGING_STEPS") or max(1, total_steps // 6)
-    kill_at_step = int(kill_at_step or 0)
-    check_kill_step("KILL_WORKER_AT_STEP", kill_at_step, namespace["NUM_WORKERS"], total_steps)
     run_id = mlflow_run_id or _start_run(notebook, namespace)
-    log = run_log(total_steps, print_every, kill_at_step, run_id, notebook=notebook)
-    return Watch(log, run_id, kill_at_step, total_steps, print_every)
+    log = run_log(total_steps, print_every, run_id, notebook=notebook)
+    return Watch(log, run_id, total_steps, print_every)
 
 
 def _start_run(notebook: str, namespace: dict) -> str | None:
@@ -169,7 +162,7 @@ def _held(facts: dict) -> dict:
 
 class _ObserverBase:
     """What every framework's observer does, whatever calls it: the attempt's start and each rank's facts,
-    the planned kill, the loss averaged over the workers, and one warning line for the first error."""
+    the loss averaged over the workers, and one warning line for the first error."""
 
     def _watch(self, watch: Watch) -> None:
         self.watch, self.started, self.warned, self.facts = watch, False, False, {}
@@ -211,11 +204,6 @@ class _ObserverBase:
     def _more_facts(self, **facts) -> None:
         self.facts.update(facts)
         self.watch.run_log.rank_facts.remote(self.rank, self.facts)
-
-    def _kill_if_due(self, rank: int, step: int) -> None:
-        from harness.run_log import kill_if_due
-
-        kill_if_due(self.watch.run_log, rank, step, self.watch.kill_at_step)
 
     def _average(self, loss) -> float:
         """The loss of the global batch: a collective as the step's own are (a dead peer fails both alike)."""
@@ -339,7 +327,6 @@ class Observer(_ObserverBase):
             counted = {"micro_steps": micro_steps} if micro_steps else {}
             begin = self._begin_attempt
             self._safely("the run log", lambda: begin(self.rank, self.world_size, step - 1, True, **counted))
-        self._safely("the planned kill", self._kill_if_due, self.rank, step)
         value = self._average(loss)
         if first:
             facts = self._safely("measuring the model", self._facts) or dict(self.given)
@@ -400,9 +387,6 @@ def lightning_observer(watch: Watch):
             start = (trainer.global_rank, trainer.world_size, trainer.global_step, measured, fetched)
             self._safely("the run log", self._start, *start)
 
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            self._safely("the planned kill", self._kill_if_due, trainer.global_rank, trainer.global_step + 1)
-
         def on_validation_end(self, trainer, pl_module) -> None:  # each metric logged in validation
             if trainer.sanity_checking or trainer.global_rank != 0 or not self.started:
                 return
@@ -426,7 +410,7 @@ def lightning_observer(watch: Watch):
 def trainer_observer(watch: Watch, metric: str):
     """For the Hugging Face `Trainer` (a `TrainerCallback`, given to `trainer.add_callback`): each logged
     training loss (rank 0's, as the `Trainer` logs it) to the progress lines and MLflow, each evaluation as a
-    line naming `metric` and its numbers to MLflow, each rank's node, and the planned kill."""
+    line naming `metric` and its numbers to MLflow, and each rank's node."""
     from transformers import TrainerCallback
 
     class TrainerObserver(TrainerCallback, _ObserverBase):
@@ -439,9 +423,6 @@ def trainer_observer(watch: Watch, metric: str):
             context = ray.train.get_context()
             start = (context.get_world_rank(), context.get_world_size(), state.global_step, {})
             self._safely("the run log", self._start, *start)
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._safely("the planned kill", self._kill_if_due, self.rank, state.global_step + 1)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}

@@ -1,8 +1,8 @@
 """The notebook's parameters: names papermill may pass, smoke mode's replacements, the values a run used.
 
-Used by `helpers.set_up`, the "Set up" cell of every notebook (`smoke_overrides`, with the tables of
-`harness.notebooks.smoke_table`; `check_parameter_names` through `harness.checks.check_parameters`), and
-`parameter_values` by the "What the run showed" cell.
+Used by the "Set up" cell of every notebook (`smoke_overrides`, through `helpers.use_smoke_values` and the
+cell's own table; `check_parameter_names` through `harness.checks.check_parameters`), by the results cell
+(`parameter_values`), and by `make plan` and the tests (`parameter_cells`).
 """
 
 from __future__ import annotations

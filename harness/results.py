@@ -1,6 +1,6 @@
 """The JSON a notebook writes at its end when `RESULTS_PATH` is set; `make run` and the tests read it.
 
-Used by the "What the run showed" cell of every notebook.
+Used by the results cell (the last) of every notebook.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["REQUIRED_KEYS", "Stopwatch", "start_clock", "elapsed", "save_results", "write_results"]
+__all__ = ["REQUIRED_KEYS", "Stopwatch", "start_clock", "elapsed", "write_results"]
 
 REQUIRED_KEYS = ("notebook", "smoke_test", "wall_seconds", "losses", "checkpoint_path", "mlflow_run_id")
 
@@ -26,7 +26,7 @@ class Stopwatch:
         return round(time.perf_counter() - self.start, 2)
 
 
-_CLOCK: list[Stopwatch] = []  # the run's, started by the Set up cell (`helpers.set_up`)
+_CLOCK: list[Stopwatch] = []  # the run's, started by the Set up cell (`helpers.check_parameters`)
 _NOTEBOOK: list[str] = []  # the notebook the Set up cell set up
 
 
@@ -50,22 +50,6 @@ def _is_folder(path: str) -> bool:
 
     fs, fs_path = pafs.FileSystem.from_uri(path)
     return fs.get_file_info(pafs.FileSelector(fs_path, allow_not_found=True)) != []
-
-
-def save_results(path: str, namespace: dict) -> dict:
-    """A notebook's last line: its run's numbers, read from its globals (`namespace`) by its module in
-    `harness.notebooks`, written as JSON to `path` (nothing when it is empty) and into its MLflow run;
-    returns them. A "going further" section that trained a run of its own (a worker killed; Llama's node
-    lost) is the results' `worker_dies` (`elastic`), its MLflow run ended with its own numbers."""
-    from .notebooks import collect
-
-    if not _NOTEBOOK:
-        raise RuntimeError("save_results: run the Set up cell (helpers.set_up) first.")
-    results = collect(_NOTEBOOK[0], namespace)
-    for section in ("worker_dies", "elastic"):
-        if results.get(section):
-            results[section] = _end_mlflow_run(results[section], path)
-    return write_results(path, **results) or results
 
 
 def write_results(path: str, **results) -> dict | None:

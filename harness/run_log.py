@@ -1,15 +1,15 @@
-"""A worker killed for real, and what a person reads while a run trains: a line per logging interval.
+"""What a person reads while a run trains (a line per logging interval), and what a run's restarts cost.
 
-Used through `helpers.watch` and the observers (`harness.observe`: `RunLog.log`, `kill_if_due`), by the
-training cells (`show_progress`) and by the sections "When a worker dies" (`RunLog.kill_summary`).
+Used through `helpers.watch` and the observers (`harness.observe`: `RunLog.log`), by the training cells
+(`show_progress`), and by what kills a worker from outside a run (`RunLog.claim_kill`, `RunLog.progress`:
+harness/drills.py, tests/worker_kill.py), whose results read `RunLog.kill_summary`.
 
 When a worker process dies, its whole worker group goes with it: everything the workers held in
 memory, and every metric reported since the last checkpoint. `RunLog` is a small Ray actor that the
 notebook creates and owns, so it outlives the worker group: rank 0 tells it each step's loss and each
-attempt's starting step (and a resuming worker, how much of the checkpoint it fetched), and it lets
-exactly one worker die once. It also keeps the lines the training cell shows (`show_progress` prints
-them from the driver while `fit()` runs): one per logging interval, the kill, the restart and the step
-it resumed from. Everything else the workers print goes to the worker log file that `harness.cluster.start_ray`
+attempt's starting step (and a resuming worker, how much of the checkpoint it fetched). It also keeps the
+lines the training cell shows (`show_progress` prints them from the driver while `fit()` runs): one per
+logging interval, a kill, the restart and the step it resumed from. Everything else the workers print goes to the worker log file that `harness.cluster.start_ray`
 names.
 """
 
@@ -24,9 +24,7 @@ from collections.abc import Iterator
 __all__ = [
     "RunLog",
     "run_log",
-    "kill_if_due",
     "show_progress",
-    "check_kill_step",
     "RUN_LOG_NAMESPACE",
     "report_collection_seconds",
 ]
@@ -46,13 +44,11 @@ class RunLog:
         self,
         total_steps: int | None = None,
         print_every: int = 1,
-        kill_at_step: int = 0,
         mlflow_run_id: str | None = None,
     ) -> None:
         # each: {"resumed_from_step", "world_size", the facts it started with, "losses": {step: loss}}
         self.attempts: list[dict] = []
         self.killed_at: int | None = None
-        self.kill_at_step = int(kill_at_step)
         self.total_steps = total_steps
         self.print_every = max(1, int(print_every))
         self.lines: list[str] = []  # what the training cell shows, in order
@@ -148,7 +144,7 @@ class RunLog:
             self._tracker.log(int(step), dict(numbers))
             self._tracked_evaluations = int(step)
 
-    def claim_kill(self, step: int, by: str = "rank 1 kills its own process") -> bool:
+    def claim_kill(self, step: int, by: str = "a worker's process is killed") -> bool:
         """True for the first caller only: the kill happens once per run, not again after the restart. `by`
         says who kills (a test that kills a worker from outside names itself)."""
         if self.killed_at is not None:
@@ -242,7 +238,6 @@ def _fmt(value) -> str:
 def run_log(
     total_steps: int | None = None,
     print_every: int = 1,
-    kill_at_step: int = 0,
     mlflow_run_id: str | None = None,
     notebook: str = "notebook",
 ):
@@ -259,26 +254,8 @@ def run_log(
     head = {"node:__internal_head__": 0.001} if "node:__internal_head__" in ray.cluster_resources() else {}
     name = f"run_log:{notebook}:{uuid.uuid4().hex[:8]}"
     return actor.options(resources=head, name=name, namespace=RUN_LOG_NAMESPACE).remote(
-        total_steps, print_every, kill_at_step, mlflow_run_id
+        total_steps, print_every, mlflow_run_id
     )
-
-
-def kill_if_due(run_log, rank: int, step: int, kill_at_step: int) -> None:
-    """On rank 1, at step `kill_at_step` (0: never) of the first attempt: a real crash, no exception, no cleanup.
-
-    The section "When a worker dies" of each notebook explains what follows. The worker first waits two of
-    Ray Train's report-collection intervals (`report_collection_seconds`), so that the checkpoint reported
-    just before is registered: the kill then shows a resume from it, not a restart from the one before.
-    """
-    import signal
-    import time
-
-    import ray
-
-    due = rank == 1 and kill_at_step and step == kill_at_step
-    if due and ray.get(run_log.claim_kill.remote(step), timeout=30):
-        time.sleep(report_collection_seconds())
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -317,23 +294,9 @@ def show_progress(run_log, poll_seconds: float = 0.5) -> Iterator[None]:
         flush()
 
 
-def check_kill_step(name: str, value, num_workers: int, total_steps: int | None = None) -> int:
-    """`KILL_WORKER_AT_STEP`: 0 (off) or a step of the run (when `total_steps` is known), with a rank 1 to kill."""
-    from helpers.validate import ParameterError, check_int
-
-    check_int(name, value, minimum=0)
-    if value and num_workers < 2:
-        raise ParameterError(f"{name}={value}: kills the rank-1 worker, so it needs NUM_WORKERS >= 2.")
-    if total_steps is not None and value > total_steps:
-        raise ParameterError(
-            f"{name}={value}: the run has only {total_steps} steps; use 0 (off) or 1..{total_steps}."
-        )
-    return value
-
-
 def report_collection_seconds() -> float:
-    """Two of Ray Train's report-collection intervals, in seconds: how long a worker that is about to be
-    killed waits first (`kill_if_due`).
+    """Two of Ray Train's report-collection intervals, in seconds: how long a kill from outside waits after
+    a checkpoint's report, so that the restart resumes from it.
 
     Ray Train's controller collects the workers' reports when it polls them, every
     `RAY_TRAIN_HEALTH_CHECK_INTERVAL_S` (2 s by default; the laptop's Ray uses 0.5 s). A worker that

@@ -5,13 +5,13 @@ The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) s
 names below are the ones the notebooks call; everything else lives in its module (`helpers.storage`,
 `helpers.plan`, ...). The run machinery behind them (the Set up cell's checks, starting Ray, storage
 deadlines, the observers, MLflow tracking, results, smoke mode) is the `harness` package; the names the
-notebooks call from it (`watch`, the observers, `show_run`, `save_results`) are here too.
+notebooks call from it (`watch`, the observers, `show_run`, `write_results`, `drills`) are here too.
 """
 
 from harness import drills
 from harness.cache import local_storage
 from harness.observe import Observer, lightning_observer, trainer_observer, watch
-from harness.results import save_results, write_results
+from harness.results import write_results
 from harness.tracking import show_run
 
 from . import (
@@ -33,7 +33,6 @@ from .notebook import (
     parameter_values,
     ray_init_args,
     ray_log_file,
-    set_up,
     use_smoke_values,
 )
 from .plots import plot_losses
@@ -97,8 +96,6 @@ __all__ = [
     "sizing",
     "plot_losses",
     "run_cost",
-    "save_results",
-    "set_up",
     "use_smoke_values",
     "check_parameters",
     "check_cluster",

@@ -1,5 +1,5 @@
 """Run a notebook's first cells for many parameter sets in one interpreter: the parameters cell, the values
-papermill would inject after it, and the Set up cell (`helpers.set_up`) up to the point where it starts Ray.
+papermill would inject after it, and the Set up cell up to the point where it starts Ray.
 
 Used by tests/test_bad_input.py for the refusals that happen in `helpers.check_parameters` (or before it): a
 kernel per case costs an interpreter start and the imports (2-20 s each on 2 cores), this costs one. A few
@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-SETS_UP = ("helpers.set_up(", "helpers.check_parameters(")  # one call, or the checks before ray.init
+SETS_UP = ("helpers.check_parameters(",)  # the checks, before ray.init
 
 
 class _RayWouldStart(Exception):
-    """Raised in place of `harness.cluster.start_ray` (or `helpers.ray_init_args`): the Set up cell went past
-    its checks."""
+    """Raised in place of `helpers.ray_init_args`: the Set up cell went past its checks."""
 
 
 def _stop_before_ray(*args, **kwargs):
@@ -68,11 +67,9 @@ def run_case(notebook: str, parameters: dict) -> dict:
 
 
 def main(cases_json: str, results_json: str) -> None:
-    import harness.cluster
     import helpers
 
-    harness.cluster.start_ray = _stop_before_ray  # what helpers.set_up calls once the checks have passed
-    helpers.ray_init_args = _stop_before_ray  # what a Set up cell that spells out `ray.init` calls first
+    helpers.ray_init_args = _stop_before_ray  # what the Set up cell calls once its checks have passed
     cases = json.loads(Path(cases_json).read_text())
     results = {f"{c['notebook']}/{c['case']}": run_case(c["notebook"], c["parameters"]) for c in cases}
     Path(results_json).write_text(json.dumps(results, indent=1))

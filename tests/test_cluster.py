@@ -1,6 +1,6 @@
 """The test cluster itself (ci/local_cluster.py, `make cluster-up`): what the notebook runs rely on.
 
-Token authentication is on and keeps out a client without the token; `helpers.start_ray` ships the
+Token authentication is on and keeps out a client without the token; `helpers.ray_init_args` ships the
 `helpers` package and the driver's Hugging Face settings to workers on every node, the Hub token by a path
 that no log or job table shows. The cluster keeps its secrets in owner-only files, its S3 server answers
 no web page, a second run cannot take it over, and `make clean` touches nothing outside the project.

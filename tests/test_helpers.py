@@ -399,16 +399,14 @@ def test_the_watch_sets_what_each_worker_held_against_the_plan(monkeypatch):
     assert "gradients (MB)" not in table.columns
 
 
-def test_set_up_gives_the_cluster_check_its_plan(monkeypatch):
-    """The node-by-node disk check needs the plan's byte counts: `set_up` hands its plan to
-    `check_cluster` (the notebook's `plan = ...` is assigned only after `set_up` returns)."""
-    from harness import checks, cluster
+def test_check_cluster_gets_the_plan(monkeypatch):
+    """The node-by-node disk check needs the plan's byte counts: the Set up cell hands `check_parameters`'s
+    plan to `check_cluster`."""
+    from harness import checks
 
     plan, seen = object(), {}
-    monkeypatch.setattr(checks, "check_parameters", lambda name, namespace: plan)
-    monkeypatch.setattr(cluster, "start_ray", lambda name: None)
     monkeypatch.setattr(checks, "check_cluster", lambda name, namespace: seen.update(namespace))
-    assert helpers.set_up("glue_text_classification", {"SMOKE_TEST": False}) is plan
+    helpers.check_cluster("glue_text_classification", {"SMOKE_TEST": False}, plan)
     assert seen["plan"] is plan
 
 

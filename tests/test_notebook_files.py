@@ -76,11 +76,9 @@ def _smoke_table_in_notebook(source: str) -> dict:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_set_up_and_smoke_mode_replaces_the_defaults(path, monkeypatch):
-    # Smoke mode's table (in the Set up cell, or its `smoke` in harness/notebooks/) names parameters of this
-    # notebook with the very defaults of its parameters cells: a default changed in one place alone would
-    # leave smoke mode silently running the full-scale value.
-    from harness.notebooks import smoke_table
-
+    # Smoke mode's table, in the Set up cell, names parameters of this notebook with the very defaults of its
+    # parameters cells: a default changed in one place alone would leave smoke mode silently running the
+    # full-scale value.
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     cells = _parameter_cells(nb)
@@ -89,18 +87,9 @@ def test_set_up_and_smoke_mode_replaces_the_defaults(path, monkeypatch):
     monkeypatch.delenv("STORAGE_PATH", raising=False)
     for cell in cells:
         exec(compile(cell.source, path.name, "exec"), defaults)  # noqa: S102 - the parameters cells
-    if "helpers.use_smoke_values(" in set_up:  # the Set up spelt out: smoke mode, the checks, then Ray
-        assert "if SMOKE_TEST:" in set_up and f'helpers.check_parameters("{path.stem}", globals())' in set_up
-        assert "ray.init(" in set_up and f'helpers.check_cluster("{path.stem}", globals()' in set_up
-        table = _smoke_table_in_notebook(set_up)
-    else:  # one call
-        calls = [ln for ln in set_up.splitlines() if ln and not ln.startswith(("import ", "#"))]
-        assert len(calls) == 1 and f'helpers.set_up("{path.stem}", globals())' in calls[0], calls
-        built = {}  # the tiny models and fixtures are not built here: only the table's shape is checked
-        monkeypatch.setattr("harness.tiny_models.tiny_model", lambda *a, **k: built.setdefault("model", "m"))
-        for fixture in ("ag_news_fixture", "chat_fixture", "glue_fixture", "play_script_fixture"):
-            monkeypatch.setattr(f"harness.fixtures.{fixture}", lambda: "fixture")
-        table = smoke_table(path.stem, defaults)
+    assert "if SMOKE_TEST:" in set_up and f'helpers.check_parameters("{path.stem}", globals())' in set_up
+    assert "ray.init(" in set_up and f'helpers.check_cluster("{path.stem}", globals()' in set_up
+    table = _smoke_table_in_notebook(set_up)
     for name, (full_scale, _) in table.items():
         assert name in defaults, f"smoke mode sets {name}, which {path.stem} has no parameter for"
         assert defaults[name] == full_scale, (
@@ -159,12 +148,10 @@ def test_the_lesson_starts_on_the_first_screens(path):
     headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()]
     # A lesson-only notebook (its Set up spelt out) has no "Going further" sections: operating a run is not
     # its lesson.
-    lesson_only = "helpers.use_smoke_values(" in "".join(c.source for c in code)
-    sections = [s for s in SECTIONS if not (lesson_only and s.startswith("## Going further"))]
+    sections = [s for s in SECTIONS if not s.startswith("## Going further")]
     if path.stem == "operating_a_run":  # no original; its runs, in the plural
         sections = [s.replace("## What the run showed", "## What the runs showed") for s in sections[:-1]]
-    if lesson_only:
-        assert not [h for h in headings if h.startswith("## Going further")], headings
+    assert not [h for h in headings if h.startswith("## Going further")], headings
     positions = [next((i for i, h in enumerate(headings) if h.startswith(s)), None) for s in sections]
     assert None not in positions and positions == sorted(positions), dict(
         zip(sections, positions, strict=True)

@@ -359,7 +359,7 @@ def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_
     # It fits on 16. On 16 to 23 workers the global batch of 24 sequences takes 2 micro-steps of one
     # sequence per worker, padded with weight-0 sequences: 32 to 46 sequences' compute for 24.
     with pytest.warns(UserWarning, match=r"up to 1\.92x the compute .* \(on 23 workers; on 16: 1\.33x\)"):
-        harness.checks.check_min_workers("llama_fsdp", {**elastic, "SAVE_STEPS": 37})
+        harness.checks.check_min_workers("operating_a_run", {**elastic, "SAVE_STEPS": 37})
     with pytest.warns(
         UserWarning,
         match=r"SAVE_STEPS=250 with MIN_WORKERS=16: losing a node .* 6\.8 h of 24 GPUs .*SAVE_STEPS=37 or fewer",

@@ -46,7 +46,7 @@ PROMPTS = ["This is", "I am", "Once more"]  # the notebook's
 
 
 def start_ray(cuda: bool) -> None:
-    """A local Ray with the notebooks' settings (`helpers.start_ray`'s, without MLflow): quiet Ray Data, and
+    """A local Ray with the notebooks' settings (`harness.cluster.ray_init_args`'s, without MLflow): quiet Ray Data, and
     the workers' `expandable_segments` allocator, which the plans' fragmentation figure assumes."""
     import harness.cluster
 
