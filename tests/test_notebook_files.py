@@ -245,3 +245,20 @@ def test_a_lesson_notebook_is_its_lesson_only(path):
     assert len(re.findall(r"\b(?:helpers|harness)\.\w+", function)) <= 1, function
     assert len(_assigned(_parameter_cells(nb)[0].source)) <= 12
     assert "ray.init(" in code and "if SMOKE_TEST:" in code
+
+
+def test_every_notebook_is_on_the_learning_path_and_in_the_docs():
+    # A new notebook must be on the docs' learning path (docs/tables.py), in the tutorials' table of
+    # contents, the docs' index and the README, or no reader finds it.
+    import importlib.util
+
+    from harness.notebooks import NAMES
+
+    root = Path(NOTEBOOKS[0]).parents[1]
+    spec = importlib.util.spec_from_file_location("docs_tables", root / "docs" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    assert sorted(name for name, _ in tables.LEARNING_PATH) == sorted(NAMES)
+    for page in ("docs/tutorials.md", "docs/index.md", "README.md"):
+        text = (root / page).read_text()
+        assert [n for n in NAMES if f"notebooks/{n}" not in text] == [], page
