@@ -145,7 +145,9 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed's import, as harness.cluster.ray_init_args does
+        os.environ.setdefault(
+            "DS_ACCELERATOR", "cpu"
+        )  # before DeepSpeed's import, as harness.cluster.ray_init_args does
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
