@@ -878,6 +878,10 @@ def jupyterlab_run(
     env = {**notebook_env(cluster), "SMOKE_TEST": "1", "RESULTS_PATH": str(results_path)}
     notebook_file = notebooks / f"{name}.ipynb"
     code_cells = sum(c["cell_type"] == "code" for c in json.loads(notebook_file.read_text())["cells"])
+    hidden_cells = sum(
+        c.get("metadata", {}).get("jupyter", {}).get("source_hidden", False)
+        for c in json.loads(notebook_file.read_text())["cells"]
+    )
 
     problems: list[str] = []
     page_errors: list[str] = []
@@ -914,6 +918,13 @@ def jupyterlab_run(
                 dialogs = page.locator(".jp-Dialog").all_inner_texts()
                 if dialogs:
                     problems.append(f"a dialog before Run All: {dialogs}")
+
+                # The run settings' cell opens collapsed (its input hidden, as the notebook file says); the
+                # prompts this test reads are in the inputs: View > Expand All Code shows them all.
+                if hidden_cells and page.locator(".jp-InputPlaceholder").count() < hidden_cells:
+                    problems.append(f"{hidden_cells} collapsed cell(s) in the file, not shown collapsed")
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^View$")).click()
+                page.get_by_role("menuitem", name="Expand All Code", exact=True).click()
 
                 def run_all():  # as a user does: the Run menu, "Run All Cells"
                     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()

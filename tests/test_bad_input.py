@@ -350,6 +350,12 @@ OPS_CASES = {
         "ParameterError",
         ["NOTICE_AT_STEP=3", "at least 7"],
     ),
+    # Elastic at full scale: after losing workers, 7B on one A100-40GB does not fit.
+    "min_workers_that_cannot_fit": (
+        {"MIN_WORKERS": 1},
+        "ParameterError",
+        ["MIN_WORKERS=1", "does not fit", "training (A100-40GB GPU)", "Raise MIN_WORKERS"],
+    ),
     "resize_check_0": (
         {"SMOKE_TEST": True, "RESIZE_CHECK_S": 0},
         "ParameterError",
@@ -442,11 +448,11 @@ LLAMA_CASES = {
         "ParameterError",
         ["MODEL_NAME='meta-llama/Llama-2-70b-chat-hf'", "offline"],
     ),
-    # Elastic at full scale: after losing a node, 70B on 8 A100-80GB does not fit (LoRA would).
-    "min_workers_that_cannot_fit": (
+    # Its lesson's run has a fixed size: the elastic one is the operations notebook's.
+    "min_workers_refused": (
         {"MIN_WORKERS": 8},
         "ParameterError",
-        ["MIN_WORKERS=8", "does not fit", "training (A100-80GB GPU)", "llama_lora"],
+        ["MIN_WORKERS=8", "cannot continue on fewer workers", "operating_a_run"],
     ),
 }
 
