@@ -61,10 +61,11 @@ class LaptopCluster:
         return not (os.environ.get("RAY_ADDRESS") or cluster_ray_finds())
 
     @classmethod
-    def where_needed(cls, nodes: int = 2, cpus: int = 1) -> LaptopCluster | None:
-        """A new laptop cluster, which `ray.init()` will attach to (`RAY_ADDRESS`), where `needed()`; else
-        None: the cluster that runs is the one to use."""
-        if not cls.needed():
+    def where_needed(cls, nodes: int = 2, cpus: int = 1, smoke: bool = False) -> LaptopCluster | None:
+        """A new laptop cluster, which `ray.init()` will attach to (`RAY_ADDRESS`), in smoke mode (a laptop:
+        the drills need nodes they may stop, not the one-node Ray of `make run` or a cluster of yours) or
+        where `needed()`; else None: the cluster that runs is the one to use."""
+        if not (smoke or cls.needed()):
             return None
         cluster = cls(nodes, cpus)
         os.environ["RAY_ADDRESS"] = cluster.address
@@ -131,12 +132,17 @@ def _wait(watch, training, until: Callable[[dict], bool], poll_s: float = 0.2) -
     return None
 
 
-def _worker_node(progress: dict) -> tuple[int, str, int]:
-    """(rank, node id, pid) of the last rank not on the head node (rank 1 on two nodes): the one a drill
-    takes away. The head keeps the driver, Ray Train's controller and the run log."""
+def _head_node() -> str:
     import ray
 
-    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+
+
+def _worker_node(progress: dict) -> tuple[int, str, int]:
+    """(rank, node id, pid) of the last rank not on the head node (rank 1 on two nodes): the one a drill
+    takes away (the last rank of all where every worker is on the head). The head keeps the driver, Ray
+    Train's controller and the run log."""
+    head = _head_node()
     ranks = list(enumerate(progress["ranks"]))
     rank, facts = next(((r, f) for r, f in reversed(ranks) if f["node_id"] != head), ranks[-1])
     return rank, facts["node_id"], facts["pid"]
@@ -225,6 +231,9 @@ def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster |
         import ray
 
         rank, node, _ = _worker_node(progress)
+        if node == _head_node():  # never the head: its drain would leave the run nowhere to restart
+            print("No worker runs off the head node: no spot notice is sent (a cluster of one node).")
+            return {}
         _drain(node, deadline_s)
         deadline_ms = ray._private.state.state.get_draining_nodes().get(node)  # as Ray holds it
         seen = {"notice_at_step": progress["last_step"], "rank": rank, "deadline_s": deadline_s}
