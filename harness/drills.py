@@ -20,9 +20,12 @@ from collections.abc import Callable
 
 __all__ = ["LaptopCluster", "during", "kill_worker", "spot_notice", "lose_node", "section_costs", "DRILL_ENV"]
 
-# Ray Train's controller: look at the workers (their reports, their deaths) every 0.5 s, at drains every
-# 1 s (defaults: 2 s and 5 s, for runs of hours); and keep the preemption watcher on.
 DRILL_ENV = {
+    # Offline: Ray's usage report (its dashboard's, on the head node started here) goes nowhere.
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
+    # Ray Train's controller looks at the workers (their reports, their deaths) every 0.5 s and at drains
+    # every 1 s (defaults: 2 s and 5 s, for runs of hours), with its preemption watcher on.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
