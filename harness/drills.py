@@ -141,6 +141,14 @@ def _head_node() -> str:
     return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
 
 
+def _first_attempt_at(watch, training, step: int) -> dict | None:
+    """Wait until the run's first attempt has logged `step`, with more than one rank; its progress (None if
+    the run ended first)."""
+    return _wait(
+        watch, training, lambda p: p["attempts"] == 1 and p["last_step"] >= step and len(p["ranks"]) > 1
+    )
+
+
 def _worker_node(progress: dict) -> tuple[int, str, int]:
     """(rank, node id, pid) of the last rank not on the head node (rank 1 on two nodes): the one a drill
     takes away (the last rank of all where every worker is on the head). The head keeps the driver, Ray
@@ -178,25 +186,23 @@ def _look_now() -> None:
 
 
 def kill_worker(watch, at_step: int, settle_s: float = 1.0):
-    """A drill for `during`: once the first attempt has logged `at_step`, SIGKILL the worker on the first
-    node that is not the head (rank 1 on a two-node run), after `settle_s` (two of the controller's health
-    checks: the checkpoint reported before is registered). Returns {"at_step", "rank"}."""
+    """A drill for `during`: once the first attempt has logged `at_step` and `settle_s` more have passed (two
+    of the controller's health checks: the checkpoint reported before is registered), SIGKILL the worker of
+    the last rank off the head node (rank 1 on two nodes). Returns {"at_step", "rank"}: the last step logged
+    before the kill."""
 
     def drill(training) -> dict:
         import ray
 
-        progress = _wait(
-            watch,
-            training,
-            lambda p: p["attempts"] == 1 and p["last_step"] >= at_step and len(p["ranks"]) > 1,
-        )
-        if progress is None:
+        if _first_attempt_at(watch, training, at_step) is None:
             return {}
-        rank, node, pid = _worker_node(progress)
-        ray.get(watch.run_log.claim_kill.remote(progress["last_step"], f"rank {rank}'s process is killed"))
         time.sleep(settle_s)
+        progress = _progress(watch)
+        rank, node, pid = _worker_node(progress)
+        step = progress["last_step"]
+        ray.get(watch.run_log.claim_kill.remote(step, f"rank {rank}'s process is killed"))
         _kill_on_node(node, pid)
-        return {"at_step": progress["last_step"], "rank": rank}
+        return {"at_step": step, "rank": rank}
 
     return drill
 
@@ -224,11 +230,7 @@ def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster |
     "rank", "deadline_s", "node_replaced"}."""
 
     def drill(training) -> dict:
-        progress = _wait(
-            watch,
-            training,
-            lambda p: p["attempts"] == 1 and p["last_step"] >= at_step and len(p["ranks"]) > 1,
-        )
+        progress = _first_attempt_at(watch, training, at_step)
         if progress is None:
             return {}
         import ray
@@ -262,11 +264,7 @@ def lose_node(watch, after_step: int, back_after_steps: int, cluster: LaptopClus
     def drill(training) -> dict:
         if cluster is None:
             return {}
-        progress = _wait(
-            watch,
-            training,
-            lambda p: p["attempts"] == 1 and p["last_step"] >= after_step and len(p["ranks"]) > 1,
-        )
+        progress = _first_attempt_at(watch, training, after_step)
         if progress is None:
             return {}
         _, node, _ = _worker_node(progress)
