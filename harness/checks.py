@@ -7,7 +7,7 @@ Used by the "Set up" cell of every notebook (`helpers.check_parameters`, `helper
   written, a model or dataset that cannot be reached, a sequence longer than the model's positions, or
   a run the "will it fit?" plan (`helpers.sizing.plan_for`) says does not fit. It returns that plan.
   Nothing is downloaded and no GPU is requested before it has passed.
-- `check_cluster(notebook, globals())`, after `harness.cluster.start_ray`: the Ray cluster can run the
+- `check_cluster(notebook, globals())`, after the Set up cell's `ray.init`: the Ray cluster can run the
   workers at all (`fit()` would otherwise wait forever), every node can write to `STORAGE_PATH`, every
   worker can reach the MLflow store (`harness.tracking`), and, for Llama, every node has the weights
   before the first collective's timeout starts.
@@ -180,7 +180,7 @@ def check_parameters(notebook: str, namespace: dict):
 
 
 def check_cluster(notebook: str, namespace: dict) -> None:
-    """After `harness.cluster.start_ray`: can this Ray cluster ever run the workers, can every node write the
+    """After the Set up cell's `ray.init`: can this Ray cluster ever run the workers, can every node write the
     checkpoints, and (with the Set up cell's `plan` in `namespace`) does every node have the local disk
     for the files the plan puts there? For Llama, each node also fetches the weights now
     (`prefetch_model_on_nodes`)."""

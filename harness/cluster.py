@@ -1,7 +1,8 @@
 """Starting Ray so a notebook never hangs, and failing fast on requests it can never meet.
 
-Used by the "Set up" cell of every notebook (`start_ray`; `check_resources` and `prefetch_model_on_nodes` through
-`harness.checks.check_cluster`).
+Used by the "Set up" cell of every notebook (`ray_init_args` and `ray_log_file` around its `ray.init`;
+`check_resources` and `prefetch_model_on_nodes` through `harness.checks.check_cluster`); `start_ray` does both
+at once, for scripts.
 
 Two traps this module exists for (both seen on a 2-core laptop; docs/cluster.md, "A local Ray that never hangs"):
 

@@ -9,7 +9,7 @@ memory, and every metric reported since the last checkpoint. `RunLog` is a small
 notebook creates and owns, so it outlives the worker group: rank 0 tells it each step's loss and each
 attempt's starting step (and a resuming worker, how much of the checkpoint it fetched). It also keeps the
 lines the training cell shows (`show_progress` prints them from the driver while `fit()` runs): one per
-logging interval, a kill, the restart and the step it resumed from. Everything else the workers print goes to the worker log file that `harness.cluster.start_ray`
+logging interval, a kill, the restart and the step it resumed from. Everything else the workers print goes to the worker log file that `harness.cluster.ray_log_file`
 names.
 """
 
