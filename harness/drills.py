@@ -29,6 +29,15 @@ DRILL_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
+    # After a node is lost, Ray Train may first try the old size from a stale view of the cluster: it waits
+    # this long for the lost node's room (default 60 s), then starts with the workers that fit.
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "5",
+    # The head's GCS checks each node every second and calls it dead after 3 misses (defaults: 3 s, 5).
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+    # No metrics exporters: HTTP servers without a credential, which nothing here reads.
+    "RAY_enable_metrics_collection": "0",
 }
 
 
@@ -47,9 +56,9 @@ class LaptopCluster:
         # `ray.init()` elsewhere on this machine would otherwise find it and attach.
         os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-laptop-")
         self.cpus, self.store = cpus, object_store_mb * 10**6
-        self.cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": self.store}
-        )
+        # No dashboard: nothing here reads it, and it is one HTTP server fewer (and 2 s) on this machine.
+        head = {"num_cpus": 0, "object_store_memory": self.store, "include_dashboard": False}
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
         self.nodes = {}
         for _ in range(nodes):
             self.add()
@@ -87,10 +96,15 @@ class LaptopCluster:
     def lose(self, node_id: str, notice: bool = False) -> bool:
         """Stop every process of the node `node_id`: after a notice, as the cloud reclaims an instance
         (SIGTERM: Ray records the preemption it announced); without one, as a crash (SIGKILL)."""
+        import ray
+
         node = self.nodes.pop(node_id, None)
         if node is None:
             return False
         self.cluster.remove_node(node, allow_graceful=notice)
+        deadline = time.monotonic() + 30  # the GCS's health checks find it dead within about 4 s
+        while time.monotonic() < deadline and any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+            time.sleep(0.2)
         return True
 
     def shutdown(self) -> None:
@@ -185,19 +199,28 @@ def _look_now() -> None:
         pass
 
 
-def kill_worker(watch, at_step: int, settle_s: float = 1.0):
-    """A drill for `during`: once the first attempt has logged `at_step` and `settle_s` more have passed (two
-    of the controller's health checks: the checkpoint reported before is registered), SIGKILL the worker of
-    the last rank off the head node (rank 1 on two nodes). Returns {"at_step", "rank"}: the last step logged
-    before the kill."""
+def kill_worker(watch, at_step: int, save_steps: int, settle_s: float = 1.0):
+    """A drill for `during`: once the first attempt has logged `at_step` or later, not a checkpoint's step,
+    and its latest checkpoint (one every `save_steps`) was logged `settle_s` ago (two of the controller's
+    checks: registered), SIGKILL the worker of the last rank off the head node (rank 1 on two nodes). Returns
+    {"at_step", "rank"}: the last step logged before the kill."""
 
     def drill(training) -> dict:
         import ray
 
-        if _first_attempt_at(watch, training, at_step) is None:
+        first_seen: dict[int, float] = {}  # a checkpoint's step: when this drill first saw it logged
+
+        def due(p: dict) -> bool:
+            if p["attempts"] != 1 or len(p["ranks"]) < 2:
+                return False
+            last = p["last_step"]
+            saved = last // save_steps * save_steps
+            since = time.monotonic() - first_seen.setdefault(saved, time.monotonic())
+            return last >= at_step and saved > 0 and last % save_steps > 0 and since >= settle_s
+
+        progress = _wait(watch, training, due)
+        if progress is None:
             return {}
-        time.sleep(settle_s)
-        progress = _progress(watch)
         rank, node, pid = _worker_node(progress)
         step = progress["last_step"]
         ray.get(watch.run_log.claim_kill.remote(step, f"rank {rank}'s process is killed"))
@@ -227,7 +250,7 @@ def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster |
     """A drill for `during`: once the first attempt has logged `at_step`, the node of the first rank off the
     head gets a spot notice (`_drain`). At the deadline, the cloud takes it away (`cluster.lose`, where the
     nodes are this notebook's) and its autoscaler adds another (`cluster.add`). Returns {"notice_at_step",
-    "rank", "deadline_s", "node_replaced"}."""
+    "rank", "deadline_s", "last_step_at_reclaim", "node_replaced"}."""
 
     def drill(training) -> dict:
         progress = _first_attempt_at(watch, training, at_step)
@@ -246,6 +269,9 @@ def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster |
         # announced, not a failure (and Ray Train restarts the run at the deadline in any case).
         while training() and deadline_ms and time.time() * 1000 < deadline_ms + 500:
             time.sleep(0.2)
+        # The first attempt's last step when the cloud takes the node: held since its just-in-time save.
+        progress = _progress(watch)
+        seen["last_step_at_reclaim"] = progress["last_step"] if progress["attempts"] == 1 else None
         seen["node_replaced"] = cluster is not None and cluster.lose(node, notice=True)
         if seen["node_replaced"]:
             cluster.add()

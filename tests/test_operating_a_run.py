@@ -16,13 +16,14 @@ from notebook_runs import (
     last_checkpoint_before,
     listing,
     metric_history,
-    pinned_losses,
 )
 
 NAME = "operating_a_run"
-# The losses of every step replay bit for bit on these CPU workers (measured: 0.0); the elastic run's steps
-# at 1 and 2 workers stay within the Llama recipe's pinned losses' tolerance of an uninterrupted run's.
+# The losses of every step replay bit for bit on these CPU workers (measured: 0.0). The elastic run's steps
+# at 1 and 2 workers add the same rows in another order: within ELASTIC_TOLERANCE of an uninterrupted run's
+# (measured 2026-12-02: at most 0.0073 by step 24, the 3.5M-parameter smoke model at LEARNING_RATE 1e-3).
 REPLAY_TOLERANCE = 1e-4
+ELASTIC_TOLERANCE = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +62,17 @@ def test_a_spot_notice_is_saved_just_in_time_and_loses_no_step(ops_run):
     # was JIT_MARGIN_S away, saved there, and waited: the restart resumed from that step, none lost.
     assert notice["notice_at_step"] >= params["NOTICE_AT_STEP"] and notice["restarts"] == 1, notice
     assert notice["saved_at_step"] >= notice["notice_at_step"]
-    assert notice["saved_at_step"] % params["SAVE_STEPS"] != 0  # not a periodic checkpoint: the notice's
+    # The first attempt held after its save: at the reclaim its last step was the saved one. (Without the
+    # just-in-time save it trains until the node goes, and resumes from the periodic checkpoint before.)
+    assert notice["last_step_at_reclaim"] == notice["saved_at_step"], notice
     assert notice["steps_lost"] == 0 == max(int(s) for s in first["losses"]) - restarted["resumed_from_step"]
     assert max(int(s) for s in restarted["losses"]) == params["STEPS_PER_SECTION"]
+    # Resumed from the just-in-time checkpoint, the run goes on as if uninterrupted (the first section's
+    # losses, whose replayed steps repeat them exactly).
+    uninterrupted = results["losses"]
+    for a in notice["attempts"]:
+        got = {int(s): loss for s, loss in a["losses"].items()}
+        assert list(got.values()) == pytest.approx([uninterrupted[s - 1] for s in got], abs=REPLAY_TOLERANCE)
 
 
 @pytest.mark.notebook
@@ -90,11 +99,11 @@ def test_an_elastic_run_goes_on_after_a_lost_node_and_grows_back(ops_run, ray_cl
     starts = [a["resumed_from_step"] for a in attempts]
     tracked = metric_history(ray_cluster, elastic["mlflow_run_id"], "world_size")
     assert sorted(tracked) == [(s, float(a["world_size"])) for s, a in zip(starts, attempts, strict=True)]
-    # After each resize, the losses stay within the Llama recipe's pinned tolerance of an uninterrupted run's.
-    pinned = pinned_losses("llama_fsdp")
+    # After each resize, the losses stay close to an uninterrupted run's: the first section's.
+    uninterrupted = results["losses"]
     for a in attempts:
         got = {int(s): loss for s, loss in a["losses"].items()}
-        assert list(got.values()) == pytest.approx([pinned.losses[s - 1] for s in got], abs=pinned.tolerance)
+        assert list(got.values()) == pytest.approx([uninterrupted[s - 1] for s in got], abs=ELASTIC_TOLERANCE)
     # Every checkpoint the run kept is in the bucket and complete: DCP's index and the trainer state.
     run_folder = elastic["checkpoint_path"].rsplit("/", 1)[0]
     kept = {name.split("/")[0] for name in listing(run_folder, ray_cluster)}
