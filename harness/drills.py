@@ -248,9 +248,10 @@ def _drain(node_id: str, deadline_s: float) -> int:
 
 def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster | None):
     """A drill for `during`: once the first attempt has logged `at_step`, the node of the first rank off the
-    head gets a spot notice (`_drain`). At the deadline, the cloud takes it away (`cluster.lose`, where the
-    nodes are this notebook's) and its autoscaler adds another (`cluster.add`). Returns {"notice_at_step",
-    "rank", "deadline_s", "last_step_at_reclaim", "node_replaced"}."""
+    head gets a spot notice (`_drain`). Where the nodes are this notebook's, the fleet's autoscaler starts a
+    replacement on the notice (`cluster.add`), and at the deadline the cloud takes the noticed node away
+    (`cluster.lose`). Returns {"notice_at_step", "rank", "deadline_s", "last_step_at_reclaim",
+    "node_replaced"}."""
 
     def drill(training) -> dict:
         progress = _first_attempt_at(watch, training, at_step)
@@ -265,6 +266,8 @@ def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster |
         _drain(node, deadline_s)
         deadline_ms = ray._private.state.state.get_draining_nodes().get(node)  # as Ray holds it
         seen = {"notice_at_step": progress["last_step"], "rank": rank, "deadline_s": deadline_s}
+        if cluster is not None:
+            cluster.add()  # up by the deadline: the restart need not wait for a node
         # Taken away only after the deadline: Ray then records the node's death as the preemption it
         # announced, not a failure (and Ray Train restarts the run at the deadline in any case).
         while training() and deadline_ms and time.time() * 1000 < deadline_ms + 500:
@@ -273,9 +276,6 @@ def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster |
         progress = _progress(watch)
         seen["last_step_at_reclaim"] = progress["last_step"] if progress["attempts"] == 1 else None
         seen["node_replaced"] = cluster is not None and cluster.lose(node, notice=True)
-        if seen["node_replaced"]:
-            cluster.add()
-            _look_now()
         return seen
 
     return drill
