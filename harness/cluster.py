@@ -331,6 +331,8 @@ def ray_init_args(num_cpus: int | None = None, **init_kwargs) -> dict:
 
     found = None if os.environ.get("RAY_ADDRESS") else cluster_ray_finds()
     if found:  # from here on (checks, jobs) the cluster it is, as with RAY_ADDRESS
+        _check_answers(found)
+        _token_as_ray_init_would()
         os.environ["RAY_ADDRESS"] = found
     _worker_log["found"] = found
     for var, value in {**RAY_ENV, **({} if os.environ.get("RAY_ADDRESS") else LOCAL_RAY_ENV)}.items():
@@ -408,6 +410,35 @@ def start_ray(
     else:
         _say_where()
     return ray.cluster_resources()
+
+
+def _check_answers(address: str, timeout_s: float = 3.0) -> None:
+    """A found cluster's GCS must accept a connection; else Ray's record of it is stale (its head stopped
+    without `ray stop`), and `ray.init` would retry for a minute before a long error. One line instead."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError):
+        raise ConnectionError(
+            f"Ray's record of a cluster on this machine names {address}, where no Ray answers: its head node "
+            "stopped without `ray stop`. Run `ray stop` to clear the record (or `ray start --head` to start "
+            "one), or set RAY_ADDRESS to a running cluster."
+        ) from None
+
+
+def _token_as_ray_init_would() -> None:
+    """A plain `ray.init()` that finds a local cluster turns token authentication on where a token exists
+    (`~/.ray/auth_token`, or RAY_AUTH_TOKEN/RAY_AUTH_TOKEN_PATH) and RAY_AUTH_MODE is unset, as `ray start
+    --head` did for the cluster; an explicit address (the RAY_ADDRESS set here) never does. Do the same."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def cluster_ray_finds() -> str | None:

@@ -606,3 +606,55 @@ def test_a_tracking_credential_the_server_refuses_fails_in_the_first_cells(ray_c
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "not-the-token")
     with pytest.raises(ParameterError, match=r"refuses this notebook's credential \(HTTP 40[13]\)"):
         tracking.check_tracking()
+
+
+def test_a_head_started_as_a_user_starts_it_is_attached_with_its_token_and_a_stale_one_named(tmp_path):
+    """`ray start --head` with nothing set, on a machine where a local `ray.init()` once left
+    `~/.ray/auth_token`: Ray 2.60 turns token authentication on for the head. The notebooks' `ray.init(
+    **ray_init_args())` attaches as a plain `ray.init()` would, token included; once the head is gone
+    without `ray stop`, it says so in one line within seconds (not Ray's minute of retries)."""
+    import shutil
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    home = tmp_path / "home"
+    home.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix="ray-u-", dir="/tmp"))  # short: Ray's socket paths live under it
+    env = {k: v for k, v in notebook_env({}).items() if not k.startswith("RAY_")}
+    # Usage stats off, and its one "disabled" report kept on loopback, as for the test cluster.
+    env.update(HOME=str(home), TMPDIR=str(tmp), RAY_USAGE_STATS_ENABLED="0")
+    env["RAY_USAGE_STATS_REPORT_URL"] = "http://127.0.0.1:9/"
+    ray_cli = str(ROOT / ".venv" / "bin" / "ray")
+    subprocess.run([ray_cli, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
+    with socket.socket() as s:  # a free port: this machine may run another Ray on 6379
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    head = subprocess.Popen(  # --block: the head's processes stop with it (SIGTERM), and only they
+        [ray_cli, "start", "--head", "--block", f"--port={port}", "--include-dashboard=false"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    attach = (
+        "import ray; from harness.cluster import ray_init_args; ray.init(**ray_init_args());"
+        "print('nodes', len(ray.nodes()))"
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(tmp.glob("ray/ray_current_cluster")):
+            time.sleep(0.5)
+        time.sleep(2)  # the head's GCS up
+        attached = _driver(attach, env)
+        assert attached.returncode == 0 and "nodes 1" in attached.stdout, attached.stderr[-2000:]
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
+    log = head.stdout.read()
+    assert "Token authentication is enabled" in log, log[-2000:]  # as a user's head runs it
+    start = time.perf_counter()
+    stale = _driver(attach, env)
+    assert stale.returncode != 0 and f"names 127.0.0.1:{port}" in stale.stderr, stale.stderr[-2000:]
+    assert "`ray stop`" in stale.stderr and time.perf_counter() - start < 30
+    shutil.rmtree(tmp, ignore_errors=True)
