@@ -564,7 +564,8 @@ def check_storage_from_nodes(name: str, value: str) -> int:
     from helpers.validate import ParameterError
 
     if not is_uri(value) or value.startswith("file://"):
-        return _check_shared_folder(name, value.removeprefix("file://"))
+        # `~` as Ray Train's pyarrow expands it: the home folder, not a folder named `~` here.
+        return _check_shared_folder(name, os.path.expanduser(value.removeprefix("file://")))
 
     def probe(uri: str) -> str | None:
         import pyarrow.fs as pafs

@@ -336,6 +336,27 @@ def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeyp
     assert cluster.check_storage_from_nodes("STORAGE_PATH", f"file://{tmp_path / 'runs'}") == 2
 
 
+def test_a_storage_path_under_home_is_checked_where_ray_writes(tmp_path, monkeypatch):
+    # Ray Train (pyarrow) expands `~`: the marker goes under the home folder too, never into a folder named
+    # `~` beside the notebook, and every node reads it at that path.
+    from harness import cluster
+
+    home, cwd = tmp_path / "home", tmp_path / "notebooks"
+    home.mkdir(), cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    read = []
+
+    def every_node(check, path, token):
+        read.append(path)
+        return {"a": check(path, token), "b": check(path, token)}
+
+    monkeypatch.setattr(cluster, "_on_every_node", every_node)
+    assert cluster.check_storage_from_nodes("STORAGE_PATH", "~/ray_results") == 2
+    assert read[0].startswith(f"{home}/ray_results/") and (home / "ray_results").is_dir()
+    assert list(cwd.iterdir()) == []  # no folder named `~`
+
+
 def test_a_cluster_whose_gpus_are_smaller_than_the_plans_is_refused(monkeypatch):
     # Sixteen A100-40GB under the default {"p4de.24xlarge": 2}: the plan's 98 % of 80 GB passed, and the run
     # failed after the 138 GB download. Each GPU node says what its GPUs have (nvidia-smi, in a task there).
