@@ -127,8 +127,8 @@ job: export NOTEBOOK := $(NOTEBOOK)
 job: export ARGS := $(ARGS)
 job: install
 	@test -n "$$NOTEBOOK" || { echo "NOTEBOOK=<name> is required, e.g. make job NOTEBOOK=glue_text_classification"; exit 1; }
-	@if [ -z "$$RAY_API_SERVER_ADDRESS" ]; then \
-	  test -f "$(ROOT)/cluster.env" || { echo "No cluster: set RAY_API_SERVER_ADDRESS (and STORAGE_PATH, MLFLOW_TRACKING_URI) for yours, or start the local one (make cluster-up)."; exit 1; }; \
+	@if [ -z "$$RAY_API_SERVER_ADDRESS$$RAY_ADDRESS" ]; then \
+	  test -f "$(ROOT)/cluster.env" || { echo "No cluster: set RAY_ADDRESS (or RAY_API_SERVER_ADDRESS) and STORAGE_PATH for yours, or start the local one (make cluster-up)."; exit 1; }; \
 	  . "$(ROOT)/cluster.env"; \
 	fi; \
 	"$(ROOT)/$(BIN)/python" -m ci.submit_job --from-environment

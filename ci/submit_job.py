@@ -23,8 +23,10 @@ What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermil
   stop it) and prints its status, where its executed notebook is, and its log command. A `gs://` output
   needs `gcsfs` on the head node (papermill writes through it); `s3://` needs `boto3`, which the requirements install.
 
-The cluster is `RAY_API_SERVER_ADDRESS` (its dashboard; `cluster.env` of `make cluster-up` sets it), with
-Ray's token when the cluster uses one. On the local cluster of `make cluster-up` the notebook runs in smoke
+The cluster is `RAY_API_SERVER_ADDRESS` (its dashboard; `cluster.env` of `make cluster-up` sets it) or else
+`RAY_ADDRESS`, as Ray's job client reads them, with Ray's token when the cluster uses one (`make job` reads
+`cluster.env` only where neither is set). Without `MLFLOW_TRACKING_URI` the job's runs go to a SQLite file on
+the head node. On the local cluster of `make cluster-up` the notebook runs in smoke
 mode; on any other cluster at its full-scale values; `-p SMOKE_TEST ...` among the arguments decides instead.
 Which cluster and which mode are printed before anything is submitted, then the job id, so a closed terminal
 loses nothing.
@@ -43,14 +45,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PASSED_VARS = ("STORAGE_PATH", "MLFLOW_TRACKING_URI")
 
 
+def cluster_address(environ) -> str:
+    """The cluster a job goes to, as Ray's job client reads it: `RAY_API_SERVER_ADDRESS` (a dashboard's
+    URL), else `RAY_ADDRESS` (the address `ray.init` takes; the client finds the dashboard through it)."""
+    return environ.get("RAY_API_SERVER_ADDRESS") or environ.get("RAY_ADDRESS", "")
+
+
 def with_mode(papermill_args: list[str], environ) -> tuple[list[str], str]:
     """The papermill arguments the job runs with, and one line saying where and how: smoke mode on the
     local cluster (`LLM_NOTEBOOKS_LOCAL_CLUSTER`, which its `cluster.env` sets, names the cluster
     `RAY_API_SERVER_ADDRESS` names), the full-scale values anywhere else; `-p SMOKE_TEST ...` decides where
     it is given."""
-    address = environ.get("RAY_API_SERVER_ADDRESS", "")
+    from harness.storage import redact
+
+    address = cluster_address(environ)
     local = bool(address) and address == environ.get("LLM_NOTEBOOKS_LOCAL_CLUSTER")
-    where = f"{address} ({'the local cluster of make cluster-up' if local else 'your cluster'})"
+    where = f"{redact(address)} ({'the local cluster of make cluster-up' if local else 'your cluster'})"
+    where += f"; checkpoints and the executed notebook in {redact(environ.get('STORAGE_PATH', '(not set)'))}"
+    tracking = environ.get("MLFLOW_TRACKING_URI")
+    where += f"; MLflow: {redact(tracking)}" if tracking else "; MLflow: a SQLite file on the head node"
     pairs = zip(papermill_args, papermill_args[1:], papermill_args[2:], strict=False)
     given = [value for flag, name, value in pairs if flag in ("-p", "--parameters") and name == "SMOKE_TEST"]
     if given:
@@ -72,11 +85,11 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
     names = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
     if notebook not in names:  # a name, never a path (`../other/nb`)
         raise SystemExit(f"NOTEBOOK={notebook!r}: not a notebook of this project ({', '.join(names)})")
-    missing = [v for v in PASSED_VARS if not os.environ.get(v)]
-    if missing or not os.environ.get("RAY_API_SERVER_ADDRESS"):
+    missing = [] if os.environ.get("STORAGE_PATH") else ["STORAGE_PATH"]
+    missing += [] if cluster_address(os.environ) else ["RAY_ADDRESS (or RAY_API_SERVER_ADDRESS)"]
+    if missing:
         raise SystemExit(
-            f"{', '.join(missing + ['RAY_API_SERVER_ADDRESS'])} not set: `source cluster.env` (make cluster-up) "
-            "or set them for your cluster."
+            f"{', '.join(missing)} not set: set them for your cluster, or `source cluster.env` (make cluster-up)."
         )
     _refuse_credentials(job_env(os.environ), papermill_args)
     job_id = submission_id or f"{notebook}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -84,7 +97,9 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
     python = os.environ.get("LLM_NOTEBOOKS_JOB_PYTHON", "python")  # the nodes' Python
     papermill = [python, "-m", "papermill", "--log-output", f"notebooks/{notebook}.ipynb", output]
     entrypoint = " ".join(map(_quote, [*papermill, *papermill_args]))
-    client = JobSubmissionClient()  # RAY_API_SERVER_ADDRESS, and the token where the cluster needs one
+    client = JobSubmissionClient(
+        cluster_address(os.environ) or None
+    )  # with the token where the cluster needs one
     client.submit_job(
         entrypoint=entrypoint,
         submission_id=job_id,
@@ -159,7 +174,7 @@ def wait(job_id: str, timeout_s: float | None = None) -> str:
     return its status (SUCCEEDED, FAILED, STOPPED)."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    client = JobSubmissionClient()
+    client = JobSubmissionClient(cluster_address(os.environ) or None)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while deadline is None or time.monotonic() < deadline:
         status = client.get_job_status(job_id)
@@ -195,6 +210,12 @@ def main() -> int:
         parser.error("NOTEBOOK is required")
     papermill_args, mode = with_mode(args.papermill_args, os.environ)
     print(mode, flush=True)
+    if any(os.environ.get(v) for v in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")):
+        print(
+            "HF_TOKEN stays here: Ray keeps a job's variables in its job table. The nodes that load a gated "
+            "model need their own (HF_TOKEN in their environment, or `hf auth login` on each).",
+            flush=True,
+        )
     job_id, output = submit(args.notebook, papermill_args)
     print(f"Submitted Ray Job {job_id}; its logs: ray job logs --follow {job_id}", flush=True)
     try:

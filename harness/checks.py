@@ -131,6 +131,29 @@ def _check_elastic_padding(p: dict) -> None:
     )
 
 
+def cluster_from_text(namespace: dict) -> None:
+    """`CLUSTER` as papermill's `-p` passes it, text (`-p CLUSTER '{"p4d.24xlarge": 2}'`), read as the
+    mapping it writes (as `make plan` reads it); a line says so. Anything else is left to the checks."""
+    import ast
+
+    text = namespace.get("CLUSTER")
+    if not isinstance(text, str):
+        return
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and type(n) is int for k, n in value.items()
+    ):
+        raise ParameterError(
+            f"CLUSTER={text!r}: an instance type and a count per node group, e.g. "
+            "-p CLUSTER '{\"p4d.24xlarge\": 2}' (or -y 'CLUSTER: {p4d.24xlarge: 2}')."
+        )
+    namespace["CLUSTER"] = value
+    print(f"CLUSTER, given as text -> {value}")
+
+
 def check_parameters(notebook: str, namespace: dict):
     """Check every parameter of `notebook` (its globals, after smoke mode); return its "will it fit?" plan.
 
@@ -146,6 +169,7 @@ def check_parameters(notebook: str, namespace: dict):
     from helpers.validate import check_max_positions, check_source_available, hub_offline
 
     check_parameter_names(namespace)
+    cluster_from_text(namespace)
     _notebook(notebook).check(namespace)
     # Only now: it imports torch (1.3 s), and a misspelt name or a bad value is reported without waiting.
     quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed

@@ -394,3 +394,15 @@ def test_measuring_a_resume_lists_the_bucket_with_a_deadline(monkeypatch):
     finally:
         release.set()
     assert time.monotonic() - start < 5
+
+
+def test_cluster_passed_as_text_is_read_as_the_mapping_it_writes(capsys):
+    # papermill's -p passes `{"p4d.24xlarge": 2}` as text: `make plan` read it, Set up refused it.
+    from harness.checks import cluster_from_text
+
+    namespace = {"CLUSTER": '{"p4d.24xlarge": 2}'}
+    cluster_from_text(namespace)
+    assert namespace["CLUSTER"] == {"p4d.24xlarge": 2} and "given as text" in capsys.readouterr().out
+    for bad in ("p4d.24xlarge", '{"p4d.24xlarge": "two"}', "{1: 2}"):
+        with pytest.raises(helpers.ParameterError, match=r"CLUSTER=.*an instance type and a count"):
+            cluster_from_text({"CLUSTER": bad})

@@ -103,6 +103,30 @@ def test_make_job_runs_on_the_cluster_the_shell_names_at_full_scale():
     assert args == ["-p", "TASK", "stsb"] and "full-scale" in line and "ray.example.com" in line, line
     args, line = with_mode(["-p", "SMOKE_TEST", "True"], remote)
     assert args == ["-p", "SMOKE_TEST", "True"] and "SMOKE_TEST=True as ARGS says" in line, line
+    # Only RAY_ADDRESS, as `ray.init` and Ray's job client read it: that cluster, at full scale; the line
+    # names the storage and the tracking store too.
+    only = {"RAY_ADDRESS": "10.0.0.5:6379", "STORAGE_PATH": "s3://bucket/runs"}
+    args, line = with_mode(
+        ["-p", "TASK", "stsb"], {**only, "LLM_NOTEBOOKS_LOCAL_CLUSTER": "http://127.0.0.1:8265"}
+    )
+    assert args == ["-p", "TASK", "stsb"] and "10.0.0.5:6379 (your cluster)" in line and "full-scale" in line
+    assert "s3://bucket/runs" in line and "MLflow: a SQLite file on the head node" in line, line
+
+
+def test_make_job_with_ray_address_in_the_shell_leaves_a_local_cluster_env_alone(tmp_path):
+    # A `cluster.env` of `make cluster-up` lies in the project; the shell names another cluster: that one.
+    env = {**os.environ, "RAY_ADDRESS": "10.0.0.5:6379"}
+    env.pop("RAY_API_SERVER_ADDRESS", None)
+    proc = subprocess.run(
+        ["make", "-s", "-n", "-f", str(ROOT / "Makefile"), "job", "NOTEBOOK=glue_text_classification"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    script = proc.stdout
+    assert 'if [ -z "$RAY_API_SERVER_ADDRESS$RAY_ADDRESS" ]' in script, script
 
 
 def test_a_job_names_a_notebook_never_a_path():
@@ -161,6 +185,9 @@ def test_make_job_waits_for_a_long_job_to_end(monkeypatch):
     clock = iter(range(0, 10**9, 3600))  # an hour passes between two looks
 
     class Client:
+        def __init__(self, address=None):
+            pass
+
         def get_job_status(self, job_id):
             return next(statuses)
 
