@@ -348,7 +348,34 @@ def ray_init_args(num_cpus: int | None = None, **init_kwargs) -> dict:
     kwargs["runtime_env"] = {**job, **given, "env_vars": {**job["env_vars"], **given.get("env_vars", {})}}
     if not attach:
         kwargs["num_cpus"] = num_cpus or max(4, 2 * (os.cpu_count() or 1))
+        _owner_only_token()
     return kwargs
+
+
+def _owner_only_token() -> None:
+    """A Ray that `ray.init()` starts turns token authentication on and, where there is none, writes
+    `~/.ray/auth_token` with the process's default permissions (0644: every user of the machine reads it).
+    Write it first, owner-only (0600), as Ray would write it otherwise; tighten one an earlier run left."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled" or any(
+        os.environ.get(v) for v in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    ):
+        return
+    try:
+        from ray._private.authentication.authentication_token_generator import (
+            generate_new_authentication_token,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    path = Path.home() / ".ray" / "auth_token"
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(generate_new_authentication_token())
 
 
 @contextlib.contextmanager

@@ -658,3 +658,28 @@ def test_a_head_started_as_a_user_starts_it_is_attached_with_its_token_and_a_sta
     assert stale.returncode != 0 and f"names 127.0.0.1:{port}" in stale.stderr, stale.stderr[-2000:]
     assert "`ray stop`" in stale.stderr and time.perf_counter() - start < 30
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_local_ray_leaves_its_token_file_owner_only(tmp_path):
+    """A notebook's local Ray (no cluster found) turns Ray's token authentication on; the token file Ray
+    would write with the default permissions (0644) is owner-only, and one left readable is tightened."""
+    import shutil
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    code = "import ray; from harness.cluster import ray_init_args; ray.init(**ray_init_args()); print('up')"
+    for left_before in (None, 0o644):
+        home = tmp_path / f"home-{left_before}"
+        (home / ".ray").mkdir(parents=True)
+        token = home / ".ray" / "auth_token"
+        if left_before:
+            token.write_text("an-earlier-token")
+            token.chmod(left_before)
+        tmp = Path(tempfile.mkdtemp(prefix="ray-t-", dir="/tmp"))  # short socket paths, no cluster to find
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(HOME=str(home), TMPDIR=str(tmp), RAY_USAGE_STATS_ENABLED="0")
+        started = _driver(code, env)
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert started.returncode == 0 and "up" in started.stdout, started.stderr[-2000:]
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
