@@ -51,10 +51,13 @@ class LaptopCluster:
 
         from ray.cluster_utils import Cluster
 
+        # What shutdown() puts back: this kernel's variables as they were before.
+        self._before = {k: os.environ.get(k) for k in (*DRILL_ENV, "RAY_TMPDIR", "RAY_ADDRESS")}
         os.environ.update(DRILL_ENV)  # the processes started below inherit them
         # Its own temp dir: Ray writes the cluster's address there (ray_current_cluster), where a plain
         # `ray.init()` elsewhere on this machine would otherwise find it and attach.
-        os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-laptop-")
+        self.temp_dir = tempfile.mkdtemp(prefix="ray-laptop-")
+        os.environ["RAY_TMPDIR"] = self.temp_dir
         self.cpus, self.store = cpus, object_store_mb * 10**6
         # No dashboard: nothing here reads it, and it is one HTTP server fewer (and 2 s) on this machine.
         head = {"num_cpus": 0, "object_store_memory": self.store, "include_dashboard": False}
@@ -108,7 +111,16 @@ class LaptopCluster:
         return True
 
     def shutdown(self) -> None:
+        """Stop this cluster's processes, remove its temp dir, and put the kernel's variables back."""
+        import shutil
+
         self.cluster.shutdown()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        for name, value in self._before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def during(fit: Callable, drill: Callable[[], dict]) -> tuple:

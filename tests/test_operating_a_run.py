@@ -6,6 +6,7 @@ time: no step lost), a node lost from an elastic run (2, 1, then 2 workers, the 
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 
 import pytest
@@ -31,9 +32,12 @@ def ops_run(ray_cluster):
     # No RAY_ADDRESS and a temp dir of its own: no cluster to attach to, so the notebook starts its own nodes,
     # as on a laptop; the test cluster's bucket (STORAGE_PATH, the AWS_* keys) and MLflow server stay its.
     env = {"RAY_ADDRESS": "", "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-ops-")}
-    results, wall, error = execute(
-        NAME, {"SMOKE_TEST": True}, "smoke", cluster=ray_cluster, budget_s=SMOKE_BUDGET_S[NAME], env=env
-    )
+    try:
+        results, wall, error = execute(
+            NAME, {"SMOKE_TEST": True}, "smoke", cluster=ray_cluster, budget_s=SMOKE_BUDGET_S[NAME], env=env
+        )
+    finally:
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     assert error is None, error
     print(f"{NAME}: {wall:.0f} s")
     return results, wall
