@@ -74,6 +74,17 @@ OFFLINE_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true"}
 URI = "MLFLOW_TRACKING_URI"
 RESUMED = "resumed_from_step"  # the metric that marks where an attempt resumed
 _LOCAL_SCHEMES = ("sqlite", "file", "")
+# MLflow's own names for hosted stores, written without "://": not folders.
+_HOSTED_NAMES = ("databricks", "databricks-uc", "uc")
+
+
+def _is_local(uri: str) -> bool:
+    """Whether MLflow keeps the runs at `uri` in a file or folder of this machine (sqlite:, file:, a path)."""
+    if uri.split(":", 1)[0] in _HOSTED_NAMES:
+        return False
+    return urlparse(uri).scheme in _LOCAL_SCHEMES
+
+
 # MLflow's client retries a request 7 times with backoff, 120 s each (minutes in all) before it raises. Where
 # a tracking call must not hold the run (its summary, marking it failed), it gets one retry of 10 s.
 BOUNDED_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -165,7 +176,7 @@ def check_tracking() -> str:
                 f"{URI}={shown!r}: the tracking server refuses this notebook's credential ({reason}). Set "
                 "MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, to one it takes."
             )
-    elif scheme in _LOCAL_SCHEMES:
+    elif _is_local(uri):
         path = Path(urlparse(uri).path if scheme else uri)
         folder = path.parent if scheme == "sqlite" else path
         folder.mkdir(parents=True, exist_ok=True)
@@ -219,7 +230,7 @@ def check_tracking_from_nodes() -> None:
     from helpers.validate import ParameterError
 
     uri = tracking_uri()
-    if urlparse(uri).scheme not in _LOCAL_SCHEMES:
+    if not _is_local(uri):
         return
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     head = [n for n in nodes if "node:__internal_head__" in n.get("Resources", {})]
@@ -255,7 +266,7 @@ def start_run(notebook: str, namespace: dict) -> str:
     client = _client()
     experiment = client.get_experiment_by_name(notebook)
     if experiment is None:
-        local = urlparse(tracking_uri()).scheme in _LOCAL_SCHEMES
+        local = _is_local(tracking_uri())
         # A server chooses where artifacts go; the embedded store would choose ./mlruns, beside the notebook.
         with contextlib.suppress(Exception):  # another run created it first
             client.create_experiment(notebook, artifact_location=_artifact_root() if local else None)

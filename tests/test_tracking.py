@@ -162,3 +162,16 @@ def test_a_cell_that_fails_after_the_run_started_marks_it_failed(embedded):
         assert client.get_run(run_id).info.status == "FAILED"
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_a_hosted_store_named_without_a_scheme_is_not_a_folder(tmp_path, monkeypatch):
+    # MLFLOW_TRACKING_URI=databricks (MLflow's name for a Databricks workspace): no folder "databricks" here.
+    from harness import tracking
+
+    monkeypatch.chdir(tmp_path)
+    for uri in ("databricks", "databricks://profile", "databricks-uc"):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        tracking.check_tracking()
+        assert not tracking._is_local(uri)
+    assert list(tmp_path.iterdir()) == []
+    assert tracking._is_local("sqlite:///x/mlflow.db") and tracking._is_local("./mlruns")
