@@ -173,3 +173,55 @@ def test_zero_stages_and_offload_partition_optimizer_state(deepspeed_ops):
         for _, _, losses, offloaded in ranks:
             assert losses[-1] < losses[0], setting  # the partitioned optimizer really steps
             assert offloaded == (setting[1] != "none"), setting
+
+
+def test_the_held_out_loss_counts_each_row_once_where_the_workers_do_not_divide_them(monkeypatch):
+    """5 held-out rows over 2 workers: the DistributedSampler gives each 3, repeating one; `evaluate` (the
+    notebook's own) gives that row's labels -100, so the loss is the mean over the 5 rows' tokens."""
+    import json
+    import types
+
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    cell = next(
+        "".join(c["source"])
+        for c in json.loads((Path(__file__).parents[1] / "notebooks" / f"{NAME}.ipynb").read_text())["cells"]
+        if "def evaluate(ds_engine, eval_loader)" in "".join(c["source"])
+    )
+    source = cell[cell.index("def evaluate(") :]
+
+    class Engine:  # the mean over the counted tokens of a per-row value: each row's label is its loss
+        def eval(self):
+            pass
+
+        train = eval
+
+        def __call__(self, labels, **_):
+            counted = labels[:, 1:] != -100
+            return types.SimpleNamespace(loss=(labels[:, 1:] * counted).sum() / counted.sum())
+
+    rows = [
+        {"input_ids": torch.zeros(3, dtype=torch.long), "labels": torch.full((3,), float(i))}
+        for i in range(5)
+    ]
+    totals = []
+    for rank in (0, 1):
+        context = types.SimpleNamespace(get_world_rank=lambda r=rank: r, get_world_size=lambda: 2)
+        ray_stub = types.SimpleNamespace(
+            train=types.SimpleNamespace(
+                get_context=lambda c=context: c, torch=types.SimpleNamespace(get_device=lambda: "cpu")
+            )
+        )
+        distributed = types.SimpleNamespace(all_reduce=lambda t: totals.append(t.clone()))
+        namespace = {
+            "torch": types.SimpleNamespace(**{**vars(torch), "distributed": distributed}),
+            "ray": ray_stub,
+        }
+        exec(source, namespace)
+        sampler = DistributedSampler(rows, num_replicas=2, rank=rank, shuffle=False)
+        namespace["evaluate"](Engine(), DataLoader(rows, batch_size=2, sampler=sampler))
+    loss_x_tokens, tokens = sum(totals)
+    assert tokens.item() == 10 and loss_x_tokens.item() / tokens.item() == pytest.approx(
+        2.0
+    )  # rows 0-4, once
