@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -103,11 +104,39 @@ def kept_env(environ=os.environ) -> dict:
     return {**kept, **no_proxy(environ)}
 
 
+# One NO_PROXY entry: a host name or domain suffix (`.corp.example`, `*`), an address, a CIDR range, with an
+# optional port. Anything else (`corp.example;touch pwned #`) is dropped, loopback always kept.
+_NO_PROXY_ENTRY = re.compile(r"^(\*|\.?[A-Za-z0-9._-]+|\[?[0-9A-Fa-f:.]+\]?)(/\d{1,3})?(:\d{1,5})?$")
+
+
 def no_proxy(environ=os.environ) -> dict:
-    """`NO_PROXY` and `no_proxy` with loopback added to what `environ` has (clients read one or the other)."""
+    """`NO_PROXY` and `no_proxy` with loopback added to what `environ` has (clients read one or the other);
+    an entry that is not a host, an address or a range is dropped."""
     given = [h.strip() for v in (environ.get("NO_PROXY"), environ.get("no_proxy")) if v for h in v.split(",")]
-    hosts = ",".join(dict.fromkeys([*filter(None, given), *LOOPBACK]))
+    hosts = ",".join(dict.fromkeys([*(h for h in given if _NO_PROXY_ENTRY.match(h)), *LOOPBACK]))
     return {"NO_PROXY": hosts, "no_proxy": hosts}
+
+
+def env_file_text(header: list[str], variables: dict[str, str]) -> str:
+    """`cluster.env`: the header's comment lines, then `export NAME=value` with every value shell-quoted,
+    so that sourcing it sets exactly these values and runs nothing."""
+    import shlex
+
+    return "\n".join([*header, *(f"export {k}={shlex.quote(str(v))}" for k, v in variables.items())]) + "\n"
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The variables `env_file_text` wrote, unquoted as the shell reads them."""
+    import shlex
+
+    return {
+        name: "".join(shlex.split(value))
+        for name, value in (
+            line.removeprefix("export ").split("=", 1)
+            for line in path.read_text().splitlines()
+            if line.startswith("export ")
+        )
+    }
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -439,13 +468,12 @@ def up(
     shown = {k: v for k, v in driver.items() if k not in ("AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN")}
     state.update(driver=shown, seconds_to_start=round(time.perf_counter() - started, 1))
     save()
-    lines = [
+    header = [
         "# Written by `make cluster-up` (ci/local_cluster.py). Source it, then run a notebook on the cluster:",
         '#   papermill notebooks/<nb>.ipynb out.ipynb -p SMOKE_TEST True -p STORAGE_PATH "$STORAGE_PATH"',
         "# MLflow's UI: open $MLFLOW_TRACKING_URI in a browser; any user name, password $MLFLOW_TRACKING_TOKEN.",
     ]
-    lines += [f"export {k}={v}" for k, v in driver.items()]
-    _write_private(env_file, "\n".join(lines) + "\n")
+    _write_private(env_file, env_file_text(header, driver))
     return driver
 
 
@@ -580,11 +608,7 @@ def add_node(state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "clust
     state_file = state_dir / "state.json"
     state = json.loads(state_file.read_text())
     config = state["node_config"]
-    exported = dict(
-        line.removeprefix("export ").split("=", 1)
-        for line in env_file.read_text().splitlines()
-        if line.startswith("export ")
-    )
+    exported = read_env_file(env_file)
     credentials = {
         k: exported[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN")
     }

@@ -406,3 +406,28 @@ def test_cluster_passed_as_text_is_read_as_the_mapping_it_writes(capsys):
     for bad in ("p4d.24xlarge", '{"p4d.24xlarge": "two"}', "{1: 2}"):
         with pytest.raises(helpers.ParameterError, match=r"CLUSTER=.*an instance type and a count"):
             cluster_from_text({"CLUSTER": bad})
+
+
+def test_cluster_env_sets_its_values_and_runs_nothing_when_sourced(tmp_path):
+    # NO_PROXY='corp.example;touch pwned #' make cluster-up wrote a line that ran `touch` when sourced, and
+    # dropped loopback from NO_PROXY.
+    import subprocess
+
+    from ci.local_cluster import env_file_text, no_proxy, read_env_file
+
+    proxy = no_proxy({"NO_PROXY": "corp.example;touch pwned #,.internal.example,10.0.0.0/8,[::1]:8080"})
+    assert proxy["NO_PROXY"].split(",")[:3] == [".internal.example", "10.0.0.0/8", "[::1]:8080"]
+    assert "127.0.0.1" in proxy["NO_PROXY"] and "pwned" not in proxy["NO_PROXY"]
+    hostile = {"STORAGE_PATH": "s3://b/x'; touch pwned; '", "ODD": 'a b $(touch pwned) `id` \\ "q"', **proxy}
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text(env_file_text(["# header"], hostile))
+    shown = subprocess.run(
+        ["bash", "-c", f'. "{env_file}" && printf "%s\\n" "$STORAGE_PATH" "$ODD" "$NO_PROXY"'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert shown == [hostile["STORAGE_PATH"], hostile["ODD"], proxy["NO_PROXY"]]
+    assert not (tmp_path / "pwned").exists()
+    assert read_env_file(env_file) == hostile
