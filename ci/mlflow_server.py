@@ -11,7 +11,7 @@ proxy, the UI), behind a guard that answers nothing else:
 - an `Origin` other than the server's own, or a browser's cross-site fetch: 403 (MLflow's CORS trusts every
   `http://localhost:*` page);
 - MLflow's routes that act rather than record: the AI assistant (which runs shell commands), the gateway and
-  its secrets, jobs, scorers and MCP servers: 403;
+  its secrets, jobs, scorers, MCP servers and webhooks (whose test calls out to any URL): 403;
 - a request without the cluster's credential: 401. Clients send it as MLflow's own `MLFLOW_TRACKING_TOKEN`
   (`Authorization: Bearer ...`); a browser asks for it (any user name, the token as password).
 
@@ -29,9 +29,10 @@ import re
 import sys
 
 # MLflow's routes that do things on the server's behalf (run a model's tool calls, call a model gateway with
-# stored secrets, start jobs and scorers, register MCP servers); nothing here records a training run.
+# stored secrets, start jobs and scorers, register MCP servers, call a webhook's URL); nothing here records a
+# training run.
 REFUSED = re.compile(
-    r"^(/(ajax-)?api/[23]\.0(/mlflow)?/(assistant|gateway|gateway-proxy|jobs|scorer|scorers|mcp-servers)"
+    r"^(/(ajax-)?api/[23]\.0(/mlflow)?/(assistant|gateway|gateway-proxy|jobs|scorer|scorers|mcp-servers|webhooks)"
     r"|/gateway)(/|$)",
     re.IGNORECASE,
 )
@@ -51,7 +52,7 @@ def problem(path: str, headers: dict[str, str], port: int, token: str) -> tuple[
     if re.sub("/+", "/", path) != path or any(part in (".", "..") for part in path.split("/")):
         return 403, "unusual path"
     if REFUSED.match(posixpath.normpath(path)):
-        return 403, "this server does not serve MLflow's assistant, gateway, jobs, scorers or MCP routes"
+        return 403, "this server does not serve MLflow's assistant, gateway, jobs, scorers, MCP or webhook routes"
     if not _authorized(headers.get("authorization", ""), token):
         return 401, "the cluster's MLFLOW_TRACKING_TOKEN is required"
     return None

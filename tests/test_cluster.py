@@ -452,6 +452,9 @@ def test_the_tracking_server_serves_only_the_clusters_credential_and_no_assistan
         ("POST", "/ajax-api/3.0/mlflow/scorer/invoke"),
         ("GET", "/ajax-api/3.0/mlflow/mcp-servers"),
         ("GET", "/api/3.0/mlflow/mcp-servers"),
+        ("GET", "/api/2.0/mlflow/webhooks"),
+        ("POST", "/ajax-api/2.0/mlflow/webhooks"),
+        ("POST", "/api/2.0/mlflow/webhooks/w1/test"),
     ]:
         status, _, body = _http(
             f"{uri}{path}", method, {**bearer, "Content-Type": "application/json"}, config
