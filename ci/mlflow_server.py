@@ -52,7 +52,10 @@ def problem(path: str, headers: dict[str, str], port: int, token: str) -> tuple[
     if re.sub("/+", "/", path) != path or any(part in (".", "..") for part in path.split("/")):
         return 403, "unusual path"
     if REFUSED.match(posixpath.normpath(path)):
-        return 403, "this server does not serve MLflow's assistant, gateway, jobs, scorers, MCP or webhook routes"
+        return (
+            403,
+            "this server does not serve MLflow's assistant, gateway, jobs, scorers, MCP or webhook routes",
+        )
     if not _authorized(headers.get("authorization", ""), token):
         return 401, "the cluster's MLFLOW_TRACKING_TOKEN is required"
     return None

@@ -56,12 +56,45 @@ def _offline_model(p: dict) -> None:
     from helpers.plan import SHIPPED
 
     name = p.get("MODEL_NAME")
-    if name is None or name in SHIPPED or (Path(str(name)) / "config.json").is_file():
+    if name is None or name in SHIPPED:
+        return
+    if (Path(str(name)) / "config.json").is_file():
+        _bounded_config(Path(str(name)) / "config.json")
         return
     raise Refused(
         f"MODEL_NAME={str(name)[:80]!r}: `make plan` is offline; it knows {sorted(SHIPPED)}, "
         "or give a local folder with the model's config.json."
     )
+
+
+# A local config's sizes, before a model is built from it on `meta` (2,000,000 layers: minutes and GBs).
+# Far above any model a notebook here fine-tunes (Llama 2 70B: 80 layers, width 8,192, 32,000 tokens).
+CONFIG_BOUNDS = {
+    "num_hidden_layers": 1_000,
+    "n_layer": 1_000,
+    "hidden_size": 65_536,
+    "n_embd": 65_536,
+    "intermediate_size": 1_048_576,
+    "num_attention_heads": 1_024,
+    "num_key_value_heads": 1_024,
+    "vocab_size": 4_194_304,
+    "max_position_embeddings": 10_485_760,
+}
+
+
+def _bounded_config(path: Path) -> None:
+    import json
+
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise Refused(f"MODEL_NAME: {path} is not a readable JSON config ({type(exc).__name__})") from None
+    for field, most in CONFIG_BOUNDS.items():
+        value = config.get(field) if isinstance(config, dict) else None
+        if value is not None and not (type(value) is int and 0 < value <= most):
+            raise Refused(
+                f"MODEL_NAME: {path} has {field}={str(value)[:40]}; `make plan` takes 1 to {most:,}"
+            )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         p = parameters(args.notebook, args.p)
         _offline_model(p)
     except (Refused, ValueError) as exc:
-        print(f"Not planned: {exc}", file=sys.stderr)
+        print(f"Not planned: {_redacted(exc)}", file=sys.stderr)
         return 2
     import pandas as pd
 
@@ -119,9 +152,19 @@ def _plan(notebook: str, p: dict) -> int:
             print("\n".join(f"{what}: {terms}" for what, terms in table["main terms"].items()) + "\n")
             plan.check()
         except ParameterError as exc:
-            print(f"Does not fit, or not allowed: {exc}", file=sys.stderr)
+            print(f"Does not fit, or not allowed: {_redacted(exc)}", file=sys.stderr)
+            return 2
+        except (RuntimeError, OverflowError, MemoryError) as exc:  # e.g. a size torch cannot allocate on meta
+            print(f"Not planned: {type(exc).__name__}: {_redacted(exc)}"[:500], file=sys.stderr)
             return 2
     return 0
+
+
+def _redacted(exc: BaseException) -> str:
+    """The refusal's message, with any credentials written into a value masked (`https://***@host`)."""
+    from harness.storage import redact_all
+
+    return redact_all(str(exc))
 
 
 if __name__ == "__main__":

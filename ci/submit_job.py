@@ -148,12 +148,33 @@ def job_env(environ) -> dict[str, str]:
     return passed | {k: v for k, v in environ.items() if k.startswith(COMMUNICATION_ENV_PREFIXES)}
 
 
-def _refuse_credentials(variables: dict[str, str], papermill_args: list[str]) -> None:
-    """Exit, naming where, if a value carries credentials (`harness.storage.redact` would mask it)."""
-    from harness.storage import redact
+# papermill options whose values a job would carry unread (YAML, base64, a file): only -p NAME VALUE is
+# checked, so only -p is passed.
+UNCHECKED_OPTIONS = ("-y", "--parameters_yaml", "-b", "--parameters_base64", "-f", "--parameters_file")
+_SECRET_NAME = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "ACCESS_KEY")
 
-    found = [f"{name}={redact(value)!r}" for name, value in variables.items() if redact(value) != value]
-    found += [f"argument {redact(arg)!r}" for arg in papermill_args if redact(arg) != arg]
+
+def _refuse_credentials(variables: dict[str, str], papermill_args: list[str]) -> None:
+    """Exit, naming where, if a value carries credentials (a URI's user part anywhere in it, a parameter
+    named like a secret), or an argument is a papermill option whose values are not checked."""
+    from harness.storage import redact_all
+
+    unchecked = [a for a in papermill_args if a.split("=", 1)[0] in UNCHECKED_OPTIONS]
+    if unchecked:
+        raise SystemExit(
+            f"Not submitted: {', '.join(unchecked)}: a job takes its parameters as -p NAME VALUE only, each "
+            "checked for credentials before Ray's job table, its logs and the executed notebook keep it."
+        )
+    found = [
+        f"{name}={redact_all(value)!r}" for name, value in variables.items() if redact_all(value) != value
+    ]
+    found += [f"argument {redact_all(arg)!r}" for arg in papermill_args if redact_all(arg) != arg]
+    pairs = zip(papermill_args, papermill_args[1:], strict=False)
+    found += [
+        f"-p {name} ***"
+        for flag, name in pairs
+        if flag in ("-p", "--parameters") and any(word in name.upper() for word in _SECRET_NAME)
+    ]
     if found:
         raise SystemExit(
             f"Not submitted: credentials written into {', '.join(found)}. A job's variables, its entry point "

@@ -59,6 +59,15 @@ def redact(value):
     return f"{match['scheme']}://***@{match['rest']}"
 
 
+_USERINFO_ANYWHERE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://[^/\s@'\"]+@")
+
+
+def redact_all(text: str) -> str:
+    """`text` (a message, an argument) with the user part of every URI in it replaced by `***`, wherever it
+    stands (`MODEL_NAME='https://***@host/m'`)."""
+    return _USERINFO_ANYWHERE.sub(lambda m: f"{m['scheme']}://***@", text)
+
+
 def shown(text: str, shell: bool = False) -> str:
     """`text` (a path, or a URI) with the home folder written `~` (`$HOME` where `shell`: a command to copy),
     for the lines a notebook prints: short enough for the docs' pages, and without the machine's user."""

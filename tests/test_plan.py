@@ -413,6 +413,9 @@ def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fi
         ("llama_fsdp;touch {canary}", ""),  # pasted into the recipe's shell line
         ("llama_fsdp", "-p MODEL_NAME x;touch {canary}"),
         ("llama_fsdp", "-p FOO 1"),  # exited 1
+        ("llama_fsdp", "-p MODEL_NAME https://user:s3cr3t@hub.example/m"),  # printed the token back
+        ("llama_fsdp", "-p MODEL_NAME {huge}"),  # a local config of 2,000,000 layers: killed at 120 s, 2 GB
+        ("llama_lora", "-p LORA_RANK 100000000000000"),  # a RuntimeError traceback
     ],
 )
 def test_make_plan_refuses_what_it_cannot_plan_in_one_line_offline(notebook, args, tmp_path):
@@ -421,6 +424,10 @@ def test_make_plan_refuses_what_it_cannot_plan_in_one_line_offline(notebook, arg
     import time
 
     canary = tmp_path / "touched"
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    (huge / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2000000}')
+    args = args.replace("{huge}", str(huge))
     env = {**os.environ, "HF_HUB_OFFLINE": "0"}  # it must go offline by itself
     started = time.perf_counter()
     # A session of its own: past the limit, make and the planner it started are stopped together (a plan
@@ -450,6 +457,7 @@ def test_make_plan_refuses_what_it_cannot_plan_in_one_line_offline(notebook, arg
     assert proc.returncode == 2 and not canary.exists(), (proc.returncode, proc.stdout, proc.stderr)
     refusals = [line for line in proc.stderr.splitlines() if not line.startswith("make")]
     assert len(refusals) == 1 and refusals[0].startswith(("Not planned:", "Does not fit")), proc.stderr
+    assert "s3cr3t" not in proc.stdout + proc.stderr
 
 
 def test_the_plan_agrees_with_the_peaks_measured_on_gpus():

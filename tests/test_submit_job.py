@@ -16,6 +16,8 @@ def test_credentials_in_a_jobs_values_are_refused_before_anything_records_them()
         ({"STORAGE_PATH": f"s3://key:{secret}@bucket/runs"}, []),
         ({"MLFLOW_TRACKING_URI": f"https://user:{secret}@mlflow.example"}, []),
         ({}, ["-p", "STORAGE_PATH", f"s3://key:{secret}@bucket/runs"]),
+        ({}, ["-p", "MODEL_NAME", f"mirror https://user:{secret}@hub.example/m"]),  # not at the start
+        ({}, ["-p", "HF_TOKEN", f"hf_{secret}"]),
     ]
     for env, args in cases:
         full = {
@@ -36,7 +38,19 @@ def test_credentials_in_a_jobs_values_are_refused_before_anything_records_them()
         assert proc.returncode != 0 and "Not submitted: credentials written into" in proc.stderr, proc.stderr[
             -2000:
         ]
-        assert secret not in proc.stdout + proc.stderr and "***@" in proc.stderr
+        assert secret not in proc.stdout + proc.stderr and "***" in proc.stderr
+    # papermill's YAML, base64 and file parameters would carry values unread: refused, whatever they hold.
+    for option in (["-y", f"STORAGE_PATH: s3://key:{secret}@b/r"], ["-b", "e30="], ["-f", "params.yaml"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ci.submit_job", "glue_text_classification", *option],
+            cwd=ROOT,
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode != 0 and "-p NAME VALUE only" in proc.stderr, proc.stderr[-2000:]
+        assert secret not in proc.stdout + proc.stderr
 
 
 def test_a_job_ships_the_notebooks_and_helpers_only(tmp_path, monkeypatch):
