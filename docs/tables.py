@@ -87,7 +87,10 @@ LEARNING_PATH = [
     ("dolly_lightning_fsdp", "FSDP from Lightning, CPU offload, a 7B model on 16 GB GPUs"),
     ("llama_fsdp", "FSDP2 by hand at 70B: rank-0 loading, DCP checkpoints, MFU"),
     ("llama_lora", "LoRA adapters: 70B on one node, what is trained and what is frozen"),
-    ("operating_a_run", "a long run's hazards: a worker killed, a spot notice, a lost node; MLflow, batch jobs"),
+    (
+        "operating_a_run",
+        "a long run's hazards: a worker killed, a spot notice, a lost node; MLflow, batch jobs",
+    ),
 ]
 
 
