@@ -224,7 +224,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     # NUM_WORKERS, even where MIN_WORKERS is set: every notebook trains at least one run of a fixed size,
     # which on a cluster with room for fewer would wait for ever.
     check_resources(p["NUM_WORKERS"], p["USE_GPU"], p.get("CPUS_PER_WORKER", 1), name="NUM_WORKERS")
-    nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"])
+    nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"], p["USE_GPU"])
     where = f"; every node ({nodes}) reaches STORAGE_PATH" if nodes else ""
     if gpu_nodes := check_gpus_match_cluster(p):
         where += f"; the GPUs of {gpu_nodes} node(s) are CLUSTER's"

@@ -578,8 +578,9 @@ def _on_every_node(check, *args, use_gpu: bool = False) -> dict[str, object]:
     return dict(zip(labels, ray.get(refs), strict=True))
 
 
-def check_storage_from_nodes(name: str, value: str) -> int:
-    """Write and delete a test object in `value` from every node of the Ray cluster; return how many nodes.
+def check_storage_from_nodes(name: str, value: str, use_gpu: bool = False) -> int:
+    """Write and delete a test object in `value` from every node that runs a worker (those with a GPU where
+    `use_gpu`: a cluster's CPU-only node groups need not mount it) and from this driver's; return how many nodes.
 
     Checkpoints are written by the workers, not by the notebook, and Ray does not send the driver's
     environment to them: a node without the bucket's credentials (instance credentials on a real
@@ -587,33 +588,39 @@ def check_storage_from_nodes(name: str, value: str) -> int:
     hours in. This finds it before `fit()`. A local folder must be one folder on every node
     (`_check_shared_folder`).
     """
-    from harness.storage import is_uri, write_probe
+    from harness.storage import is_uri
     from helpers.validate import ParameterError
 
     if not is_uri(value) or value.startswith("file://"):
         # `~` as Ray Train's pyarrow expands it: the home folder, not a folder named `~` here.
-        return _check_shared_folder(name, os.path.expanduser(value.removeprefix("file://")))
+        return _check_shared_folder(name, os.path.expanduser(value.removeprefix("file://")), use_gpu)
 
-    def probe(uri: str) -> str | None:
-        import pyarrow.fs as pafs
-
-        try:
-            fs, path = pafs.FileSystem.from_uri(uri)
-            write_probe(fs, path)
-        except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
-            return f"{type(exc).__name__}: {exc}"
-        return None
-
-    answers = _on_every_node(probe, value)
+    nodes = _on_every_node(_probe_storage, value, use_gpu=use_gpu)
+    answers = {"this notebook's machine": _probe_storage(value), **{f"node {k}": v for k, v in nodes.items()}}
     failed = {node: error for node, error in answers.items() if error}
     if failed:
-        lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())
+        lines = "; ".join(f"{node}: {error}" for node, error in failed.items())
         raise ParameterError(
-            f"{name}={value!r}: {len(failed)} of {len(answers)} Ray nodes cannot write there ({lines}). "
+            f"{name}={value!r}: {len(failed)} of {len(answers)} (Ray nodes and this notebook's machine) cannot "
+            f"write there ({lines}). "
             "Workers write the checkpoints, so every node needs the bucket's credentials: instance "
             "credentials, or the AWS_* variables in each node's environment when it was started."
         )
-    return len(answers)
+    return len(nodes)
+
+
+def _probe_storage(uri: str) -> str | None:
+    """Write, read back and delete a small object at `uri` (on the node this runs on); why not, or None."""
+    import pyarrow.fs as pafs
+
+    from harness.storage import write_probe
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        write_probe(fs, path)
+    except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _read_marker(path: str, token: str) -> bool:
@@ -624,7 +631,7 @@ def _read_marker(path: str, token: str) -> bool:
         return False
 
 
-def _check_shared_folder(name: str, folder: str) -> int:
+def _check_shared_folder(name: str, folder: str, use_gpu: bool = False) -> int:
     """A local `STORAGE_PATH` is one folder on every node (NFS, Anyscale's /mnt/cluster_storage), or each
     node keeps its own checkpoint shards and the first resume fails, hours in (Ray does not check a folder
     the workers write themselves). This notebook writes a marker there and every node must read it back;
@@ -639,7 +646,7 @@ def _check_shared_folder(name: str, folder: str) -> int:
     with open(marker, "w", encoding="utf-8") as f:
         f.write(token)
     try:
-        answers = _on_every_node(_read_marker, marker, token)
+        answers = _on_every_node(_read_marker, marker, token, use_gpu=use_gpu)
     finally:
         os.remove(marker)
     missing = sorted(node for node, seen in answers.items() if not seen)

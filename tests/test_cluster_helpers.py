@@ -347,7 +347,7 @@ def test_a_storage_path_under_home_is_checked_where_ray_writes(tmp_path, monkeyp
     monkeypatch.chdir(cwd)
     read = []
 
-    def every_node(check, path, token):
+    def every_node(check, path, token, use_gpu=False):
         read.append(path)
         return {"a": check(path, token), "b": check(path, token)}
 
@@ -431,3 +431,19 @@ def test_cluster_env_sets_its_values_and_runs_nothing_when_sourced(tmp_path):
     assert shown == [hostile["STORAGE_PATH"], hostile["ODD"], proxy["NO_PROXY"]]
     assert not (tmp_path / "pwned").exists()
     assert read_env_file(env_file) == hostile
+
+
+def test_the_bucket_is_probed_from_the_nodes_that_run_workers_and_the_driver(monkeypatch):
+    # A cluster's CPU-only node group without the bucket's credentials refused a GPU run that never uses it.
+    from harness import cluster
+
+    asked = {}
+
+    def every_node(check, *args, use_gpu=False):
+        asked["use_gpu"] = use_gpu
+        return {"10.0.0.2 gpu-node": None}
+
+    monkeypatch.setattr(cluster, "_on_every_node", every_node)
+    monkeypatch.setattr(cluster, "_probe_storage", lambda uri: None)  # this driver writes there
+    assert cluster.check_storage_from_nodes("STORAGE_PATH", "s3://bucket/runs", use_gpu=True) == 1
+    assert asked["use_gpu"] is True  # the GPU nodes (and this driver)

@@ -217,7 +217,9 @@ def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsy
 
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])  # the head node only
     monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
-    monkeypatch.setattr(harness.cluster, "_check_shared_folder", lambda name, folder: 1)  # one machine
+    monkeypatch.setattr(
+        harness.cluster, "_check_shared_folder", lambda name, folder, use_gpu=False: 1
+    )  # one machine
     namespace = {
         "NUM_WORKERS": 16,
         "USE_GPU": True,
