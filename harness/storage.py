@@ -550,9 +550,15 @@ def read_json(filesystem, path: str, stall_s: float = STALL_S, tries: int = WRIT
     """Read the JSON file at `path` on a pyarrow `filesystem`, with `dcp_reader`'s deadline and tries."""
     import json
 
+    return json.loads(read_small(filesystem, path, stall_s, tries))
+
+
+def read_small(filesystem, path: str, stall_s: float = STALL_S, tries: int = WRITE_TRIES) -> str:
+    """The text of a small file (a JSON, DeepSpeed's `latest`) at `path`, with `dcp_reader`'s deadline."""
+
     def read():
         with filesystem.open_input_stream(path) as f:
-            return json.loads(f.read())
+            return f.read().decode()
 
     return with_deadline(
         path, 1 << 20, read, stall_s=stall_s, min_rate=MIN_WRITE_RATE, tries=tries, stalls=[], done="read"
@@ -593,7 +599,10 @@ def dcp_reader(
             if self._metadata is None:
                 read = functools.partial(FsspecReader.read_metadata, self, *args, **kwargs)
                 self._metadata = with_deadline(f"{path}/.metadata", 0, read, **bounds)
-                self.bytes_read += filesystem.get_file_info(f"{path}/.metadata").size
+                info = functools.partial(
+                    filesystem.get_file_info, f"{path}/.metadata"
+                )  # a HEAD: a deadline too
+                self.bytes_read += with_deadline(f"{path}/.metadata", 0, info, **bounds).size
             metadata = copy.deepcopy(self._metadata)
             metadata.storage_meta.load_id = self.load_id
             return metadata
@@ -789,5 +798,12 @@ def checkpoint_in_place(checkpoint, subfolder: str = "") -> StoredFolder:
     """`subfolder` of a Ray Train `checkpoint`, to be read in place (`StoredFolder`); `checkpoint_bytes`
     is the size of the whole checkpoint."""
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
-    size = sum(_file_sizes(fs, root).values())
+    size = sum(listed_with_deadline(fs, root).values())
     return StoredFolder(fs, f"{root}/{subfolder}" if subfolder else root, size)
+
+
+def listed_with_deadline(fs, root: str) -> dict[str, int]:
+    """`root`'s files and sizes on `fs`, the listing given `fetch`'s deadline and tries (`STALL_S` each):
+    a stalled bucket fails a resume with `StorageStalled`, not a wait for as long as it stalls."""
+    bounds = dict(stall_s=STALL_S, min_rate=MIN_WRITE_RATE, stalls=[], done="listed")
+    return with_deadline(root, 0, lambda: _file_sizes(fs, root), tries=WRITE_TRIES, **bounds)

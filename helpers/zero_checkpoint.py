@@ -52,13 +52,14 @@ def _listing(checkpoint) -> tuple[object, str, list[str]]:
     """`(filesystem, root, relative paths of its files)` of a Ray `Checkpoint` or a local folder."""
     import pyarrow.fs as pafs
 
+    from harness.storage import listed_with_deadline  # a stalled bucket: StorageStalled, not a hang
+
     if hasattr(checkpoint, "filesystem"):  # a Ray Checkpoint (itself refuses to be used as a path)
         fs, root = checkpoint.filesystem, checkpoint.path
     else:
         fs, root = pafs.LocalFileSystem(), os.path.abspath(checkpoint)
     root = root.rstrip("/")
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return fs, root, [i.path[len(root) :].lstrip("/") for i in infos if i.type == pafs.FileType.File]
+    return fs, root, list(listed_with_deadline(fs, root))
 
 
 def zero_checkpoint_world_size(checkpoint) -> int | None:
@@ -68,6 +69,8 @@ def zero_checkpoint_world_size(checkpoint) -> int | None:
 
     Where the folder holds several DeepSpeed tags (`global_step...` folders), the one `latest` names.
     """
+    from harness.storage import read_small  # with a deadline: a stalled bucket fails, never hangs
+
     fs, root, paths = _listing(checkpoint)
     ranks: dict[str, set[int]] = {}  # tag folder -> the ranks of its optimizer shards
     for path in paths:
@@ -80,10 +83,8 @@ def zero_checkpoint_world_size(checkpoint) -> int | None:
         for folder, folder_ranks in ranks.items():
             parent, tag = os.path.split(folder)
             latest = os.path.join(parent, "latest")
-            if latest in paths:
-                with fs.open_input_stream(f"{root}/{latest}") as f:
-                    if f.read().decode().strip() == tag:
-                        return max(folder_ranks) + 1
+            if latest in paths and read_small(fs, f"{root}/{latest}").strip() == tag:
+                return max(folder_ranks) + 1
     return max(max(r) for r in ranks.values()) + 1
 
 

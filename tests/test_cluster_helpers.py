@@ -447,3 +447,33 @@ def test_the_bucket_is_probed_from_the_nodes_that_run_workers_and_the_driver(mon
     monkeypatch.setattr(cluster, "_probe_storage", lambda uri: None)  # this driver writes there
     assert cluster.check_storage_from_nodes("STORAGE_PATH", "s3://bucket/runs", use_gpu=True) == 1
     assert asked["use_gpu"] is True  # the GPU nodes (and this driver)
+
+
+def test_a_resume_lists_and_reads_the_checkpoint_with_a_deadline(monkeypatch, tmp_path):
+    # Dolly's checkpoint_in_place and GPT-2's ZeRO checks listed the bucket (and read DeepSpeed's `latest`)
+    # without a deadline: a stalled bucket held the resume for as long as it stalled.
+    import threading
+    import time
+    import types
+
+    import pyarrow.fs as pafs
+
+    from harness import storage
+    from helpers.zero_checkpoint import zero_checkpoint_world_size
+
+    release = threading.Event()
+    monkeypatch.setattr(storage, "STALL_S", 0.3)
+    monkeypatch.setattr(storage, "WRITE_TRIES", 1)
+    monkeypatch.setattr(storage, "_file_sizes", lambda fs, path: release.wait(30) and {})
+    checkpoint = types.SimpleNamespace(filesystem=pafs.LocalFileSystem(), path=str(tmp_path))
+    try:
+        for resume in (
+            lambda: storage.checkpoint_in_place(checkpoint),
+            lambda: zero_checkpoint_world_size(checkpoint),
+        ):
+            start = time.monotonic()
+            with pytest.raises(storage.StorageStalled):
+                resume()
+            assert time.monotonic() - start < 5
+    finally:
+        release.set()
