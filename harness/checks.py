@@ -131,6 +131,16 @@ def _check_elastic_padding(p: dict) -> None:
     )
 
 
+def compiled_attention(namespace: dict) -> None:
+    """`USE_COMPILE` with `USE_FLASH_ATTN`: sdpa instead, and a line says so. In every flash-attn call
+    transformers checks whether the batch holds packed sequences, a data-dependent branch that breaks the
+    compiled graph at each layer (each layer then syncs the GPU); compiled, sdpa runs a flash kernel of its
+    own on A100 and H100, and the plan counts the same memory for both."""
+    if namespace.get("USE_COMPILE") is True and namespace.get("USE_FLASH_ATTN") is True:
+        namespace["USE_FLASH_ATTN"] = False
+        print("USE_FLASH_ATTN=True with USE_COMPILE=True -> False: compiled, sdpa runs its own flash kernel")
+
+
 def cluster_from_text(namespace: dict) -> None:
     """`CLUSTER` as papermill's `-p` passes it, text (`-p CLUSTER '{"p4d.24xlarge": 2}'`), read as the
     mapping it writes (as `make plan` reads it); a line says so. Anything else is left to the checks."""
@@ -174,6 +184,7 @@ def check_parameters(notebook: str, namespace: dict):
     # Only now: it imports torch (1.3 s), and a misspelt name or a bad value is reported without waiting.
     quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
     check_min_workers(notebook, namespace)
+    compiled_attention(namespace)
     plan = plan_for(notebook, namespace)
     if plan is not None:
         for name, choice in plan.choices.items():  # "auto" -> the plan's choice, for the run

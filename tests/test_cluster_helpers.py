@@ -477,3 +477,16 @@ def test_a_resume_lists_and_reads_the_checkpoint_with_a_deadline(monkeypatch, tm
             assert time.monotonic() - start < 5
     finally:
         release.set()
+
+
+def test_compiling_uses_sdpa_rather_than_flash_attention(capsys):
+    # flash-attn's packed-sequence check breaks the compiled graph at every layer (the compile speed-up was
+    # measured with sdpa).
+    from harness.checks import compiled_attention
+
+    both = {"USE_COMPILE": True, "USE_FLASH_ATTN": True}
+    compiled_attention(both)
+    assert both["USE_FLASH_ATTN"] is False and "sdpa" in capsys.readouterr().out
+    eager = {"USE_COMPILE": False, "USE_FLASH_ATTN": True}
+    compiled_attention(eager)
+    assert eager["USE_FLASH_ATTN"] is True
