@@ -131,6 +131,28 @@ def _check_elastic_padding(p: dict) -> None:
     )
 
 
+def compile_or_eager(namespace: dict) -> str:
+    """`USE_COMPILE` on GPU nodes that cannot build Triton's kernels (no C compiler, no Python headers):
+    every attempt would fail at its first step, after the model's load. Eager instead, with a warning that
+    says what to install; returns the Set up line's words."""
+    import warnings
+
+    from harness.cluster import compile_missing_on_nodes
+
+    missing = compile_missing_on_nodes(use_gpu=True)
+    if not missing:
+        return "; torch.compile can build its kernels there"
+    namespace["USE_COMPILE"] = False
+    node, lacks = next(iter(missing.items()))
+    warnings.warn(
+        f"USE_COMPILE=True -> False: {len(missing)} GPU node(s) cannot build Triton's kernels (node {node} "
+        f"lacks {lacks}); compiled, every attempt would fail at its first step, after loading. The run trains "
+        "eagerly. To compile, install them on the nodes' image (e.g. build-essential and python3-dev).",
+        stacklevel=2,
+    )
+    return "; eager: torch.compile cannot build its kernels there"
+
+
 def compiled_attention(namespace: dict) -> None:
     """`USE_COMPILE` with `USE_FLASH_ATTN`: sdpa instead, and a line says so. In every flash-attn call
     transformers checks whether the batch holds packed sequences, a data-dependent branch that breaks the
@@ -257,5 +279,7 @@ def check_cluster(notebook: str, namespace: dict) -> None:
             where += f"; the weights are on {len(seconds)} node(s), slowest {max(seconds.values()):.0f} s"
         else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
             where += "; no node to fetch the weights on yet: rank 0 will download them itself"
+    if p.get("USE_COMPILE") is True and p["USE_GPU"]:
+        where += compile_or_eager(p)
     room = f"{p['NUM_WORKERS']} workers"
     print(f"Cluster OK: room for {room}{where}; runs tracked in MLflow at {shown(redact(tracking_uri()))}")

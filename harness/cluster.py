@@ -609,6 +609,34 @@ def check_storage_from_nodes(name: str, value: str, use_gpu: bool = False) -> in
     return len(nodes)
 
 
+def _compile_prerequisites() -> str | None:
+    """What `torch.compile` on a GPU needs and this node lacks (None: nothing): Triton builds each kernel's
+    launcher with a C compiler and Python's headers when it first runs it."""
+    import importlib.util
+    import shutil
+    import sysconfig
+
+    missing = []
+    compiler = (os.environ.get("CC") or "").split()
+    if not (shutil.which(compiler[0]) if compiler else any(shutil.which(c) for c in ("cc", "gcc", "clang"))):
+        missing.append("a C compiler (cc, gcc or clang, or $CC)")
+    include = sysconfig.get_paths().get("include", "")
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        missing.append(f"Python's headers ({include}/Python.h)")
+    if importlib.util.find_spec("triton") is None:
+        missing.append("the triton package")
+    return ", ".join(missing) or None
+
+
+def compile_missing_on_nodes(use_gpu: bool = True) -> dict[str, str]:
+    """{node: what it lacks} for `torch.compile`, on the nodes that run workers; empty where all have it."""
+    return {
+        node: lacks
+        for node, lacks in _on_every_node(_compile_prerequisites, use_gpu=use_gpu).items()
+        if lacks
+    }
+
+
 def _probe_storage(uri: str) -> str | None:
     """Write, read back and delete a small object at `uri` (on the node this runs on); why not, or None."""
     import pyarrow.fs as pafs

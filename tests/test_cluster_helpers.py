@@ -490,3 +490,21 @@ def test_compiling_uses_sdpa_rather_than_flash_attention(capsys):
     eager = {"USE_COMPILE": False, "USE_FLASH_ATTN": True}
     compiled_attention(eager)
     assert eager["USE_FLASH_ATTN"] is True
+
+
+def test_compiling_on_gpu_nodes_that_cannot_build_kernels_falls_back_to_eager(monkeypatch):
+    # USE_COMPILE=True, the full-scale default, first tried at the first step after the 70B load: on an image
+    # without a C compiler every attempt failed there.
+    from harness import checks, cluster
+
+    monkeypatch.setattr(
+        cluster, "_on_every_node", lambda check, use_gpu=False: {"10.0.0.2 gpu": "a C compiler"}
+    )
+    p = {"USE_COMPILE": True}
+    with pytest.warns(UserWarning, match=r"USE_COMPILE=True -> False: 1 GPU node.*lacks a C compiler"):
+        assert "eager" in checks.compile_or_eager(p)
+    assert p["USE_COMPILE"] is False
+    monkeypatch.setattr(cluster, "_on_every_node", lambda check, use_gpu=False: {"10.0.0.2 gpu": check()})
+    monkeypatch.setattr(cluster, "_compile_prerequisites", lambda: None)
+    p = {"USE_COMPILE": True}
+    assert "can build" in checks.compile_or_eager(p) and p["USE_COMPILE"] is True
