@@ -39,8 +39,21 @@ MAX_SKEW_S = 15 * 60  # as S3: a signature older (or newer) than this is refused
 # does not cover: the server can check such a body's integrity, not who wrote it. boto3 signs the body's
 # SHA-256 (X-Amz-Content-SHA256), which `_body_problem` checks; UNSIGNED-PAYLOAD and signed chunks are refused.
 STREAMED_WITH_CHECKSUM = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
-# Headers that change what a request does: refused unless the signature covers them (as every x-amz-*).
-SIGNED_IF_SENT = {"range", "content-md5", "if-match", "if-none-match"}
+# Headers that change what a request does or what a later GET returns (a replayed PUT stored as `text/html`):
+# refused unless the signature covers them (as every x-amz-*).
+SIGNED_IF_SENT = {
+    "range",
+    "content-md5",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "content-type",
+    "content-disposition",
+    "content-encoding",
+    "cache-control",
+    "expires",
+}
 
 
 def _header(environ, name: str) -> str | None:
@@ -82,6 +95,7 @@ def signature_problem(environ, key_id: str, secret: str) -> str | None:
     if "host" not in names or "x-amz-content-sha256" not in names:
         return "Host and X-Amz-Content-SHA256 must be signed"
     present = {k[5:].lower().replace("_", "-") for k in environ if k.startswith("HTTP_")}
+    present |= {"content-type"} if environ.get("CONTENT_TYPE") else set()  # WSGI's, without HTTP_
     unsigned = sorted(h for h in present - set(names) if h.startswith("x-amz-") or h in SIGNED_IF_SENT)
     if unsigned:  # a copy source, a range, a checksum the signature does not cover could be swapped
         return f"unsigned header(s) {', '.join(unsigned)}"

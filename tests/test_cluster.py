@@ -381,8 +381,12 @@ def test_the_s3_server_checks_what_the_signature_covers(ray_cluster):
         def payload(self, request):
             return "UNSIGNED-PAYLOAD"
 
-    def signed(method: str, key: str, body: bytes = b"", signed_payload: bool = True) -> dict:
-        request = AWSRequest(method=method, url=f"{endpoint}/{bucket}/{key}", data=body)
+    def signed(
+        method: str, key: str, body: bytes = b"", signed_payload: bool = True, typed: bool = True
+    ) -> dict:
+        # Typed: the Content-Type signed (urllib adds one to a request with a body where none is given).
+        headers = {"Content-Type": "application/octet-stream"} if typed and body else {}
+        request = AWSRequest(method=method, url=f"{endpoint}/{bucket}/{key}", data=body, headers=headers)
         (S3SigV4Auth if signed_payload else UnsignedPayload)(credentials, "s3", "us-east-1").add_auth(request)
         return dict(request.headers)
 
@@ -393,6 +397,21 @@ def test_the_s3_server_checks_what_the_signature_covers(ray_cluster):
     assert _http(f"{endpoint}/{bucket}/probe/copied.bin", "PUT", copy, b"")[0] == 403
     ranged = {**signed("GET", "probe/replayed.bin"), "Range": "bytes=0-1"}
     assert _http(f"{endpoint}/{bucket}/probe/replayed.bin", "GET", ranged)[0] == 403
+    # What a later GET serves, or whether this one answers: a PUT signed without a Content-Type, replayed as a
+    # web page (sent as it is: urllib would add a type of its own); a condition added to a signed GET.
+    import http.client
+    from urllib.parse import urlparse
+
+    untyped = signed("PUT", "probe/page.bin", b"<script>", typed=False)
+    address = urlparse(endpoint)
+    for extra in ({}, {"Content-Type": "text/html", "Content-Disposition": "inline"}):
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+        connection.request("PUT", f"/{bucket}/probe/page.bin", b"<script>", {**untyped, **extra})
+        status = connection.getresponse().status
+        connection.close()
+        assert status == (403 if extra else 200), (extra, status)
+    since = {**signed("GET", "probe/replayed.bin"), "If-Modified-Since": "Wed, 01 Jan 2020 00:00:00 GMT"}
+    assert _http(f"{endpoint}/{bucket}/probe/replayed.bin", "GET", since)[0] == 403
     unsigned_body = signed("PUT", "probe/unsigned.bin", b"x", signed_payload=False)
     assert unsigned_body["X-Amz-Content-SHA256"] == "UNSIGNED-PAYLOAD"
     assert _http(f"{endpoint}/{bucket}/probe/unsigned.bin", "PUT", unsigned_body, b"x")[0] == 403
