@@ -205,6 +205,11 @@ def _wait_for_nodes(
         time.sleep(poll_s)
 
 
+# pyarrow's AWS SDK (and boto3) then sign each body's SHA-256 instead of streaming it with a checksum the
+# signature does not cover: the bucket's server refuses streamed bodies (ci/s3_server.py).
+SIGNED_BODIES = {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required"}
+
+
 def node_env(
     state_dir: Path,
     s3_port: int | None,
@@ -221,7 +226,7 @@ def node_env(
     env.update(RAY_ENV)
     env.update(LOCAL_RAY_ENV)  # a laptop's cluster: no preemption watcher, one parquet footer reader
     if s3_port is not None:
-        env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{s3_port}", AWS_REGION="us-east-1")
+        env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{s3_port}", AWS_REGION="us-east-1", **SIGNED_BODIES)
     env.update(
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN_PATH=str(state_dir / "auth_token"),
@@ -453,6 +458,7 @@ def up(
         **credentials,
         "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
         "AWS_REGION": env["AWS_REGION"],
+        **SIGNED_BODIES,
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}",
         "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}",  # `ray job submit` goes here
         # The Python a Ray Job's entry point runs on these nodes (ci/submit_job.py). Not by putting the

@@ -36,8 +36,10 @@ _AUTHORIZATION = re.compile(
 )
 MAX_SKEW_S = 15 * 60  # as S3: a signature older (or newer) than this is refused
 # pyarrow's AWS SDK streams a body in aws-chunked encoding with a checksum after it, which the signature
-# does not cover: the server can check such a body's integrity, not who wrote it. boto3 signs the body's
-# SHA-256 (X-Amz-Content-SHA256), which `_body_problem` checks; UNSIGNED-PAYLOAD and signed chunks are refused.
+# does not cover: such a signature, captured, takes any body for as long as it is fresh. With
+# AWS_REQUEST_CHECKSUM_CALCULATION=when_required (cluster.env and the nodes set it) pyarrow signs the body's
+# SHA-256 (X-Amz-Content-SHA256), as boto3 does, which `_body_problem` checks; every other payload
+# (streamed, UNSIGNED-PAYLOAD, signed chunks) is refused.
 STREAMED_WITH_CHECKSUM = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
 # Headers that change what a request does or what a later GET returns (a replayed PUT stored as `text/html`):
 # refused unless the signature covers them (as every x-amz-*).
@@ -100,8 +102,11 @@ def signature_problem(environ, key_id: str, secret: str) -> str | None:
     if unsigned:  # a copy source, a range, a checksum the signature does not cover could be swapped
         return f"unsigned header(s) {', '.join(unsigned)}"
     payload = _header(environ, "x-amz-content-sha256") or ""
-    if not re.fullmatch(r"[0-9a-f]{64}", payload) and payload != STREAMED_WITH_CHECKSUM:
-        return f"payload {payload!r} not accepted: its SHA-256, or {STREAMED_WITH_CHECKSUM} (pyarrow's)"
+    if not re.fullmatch(r"[0-9a-f]{64}", payload):
+        return (
+            f"payload {payload!r} not accepted: only the body's SHA-256 (for pyarrow, set "
+            "AWS_REQUEST_CHECKSUM_CALCULATION=when_required, as cluster.env does)"
+        )
     # The canonical request from the headers the client says it signed, the path as it sent it (S3 does
     # not normalise paths) and the query in canonical form; then botocore's string to sign and signature.
     signer = S3SigV4Auth(Credentials(key_id, secret), "s3", match["region"])
@@ -152,8 +157,6 @@ def _body_problem(environ) -> str | None:
     import hashlib
     import io
 
-    if _header(environ, "x-amz-content-sha256") == STREAMED_WITH_CHECKSUM:
-        return None
     length = int(environ.get("CONTENT_LENGTH") or 0)
     body = environ["wsgi.input"].read(length) if length else b""
     environ["wsgi.input"] = io.BytesIO(body)

@@ -65,6 +65,9 @@ def pytest_configure(config):
     from harness.cluster import forget_outside_cluster
 
     forget_outside_cluster()
+    from ci.local_cluster import SIGNED_BODIES
+
+    os.environ.update(SIGNED_BODIES)  # as cluster.env sets it: the tests' own bucket writes sign their bodies
     os.environ["HF_TOKEN"] = CANARY_HF_TOKEN
     # A credential the user's shell holds for something else: no process of the cluster may get it.
     os.environ[CANARY_SHELL_VAR] = CANARY_SHELL_SECRET

@@ -381,6 +381,10 @@ def test_the_s3_server_checks_what_the_signature_covers(ray_cluster):
         def payload(self, request):
             return "UNSIGNED-PAYLOAD"
 
+    class StreamedPayload(S3SigV4Auth):  # what pyarrow's SDK signs by default
+        def payload(self, request):
+            return "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+
     def signed(
         method: str, key: str, body: bytes = b"", signed_payload: bool = True, typed: bool = True
     ) -> dict:
@@ -415,6 +419,16 @@ def test_the_s3_server_checks_what_the_signature_covers(ray_cluster):
     unsigned_body = signed("PUT", "probe/unsigned.bin", b"x", signed_payload=False)
     assert unsigned_body["X-Amz-Content-SHA256"] == "UNSIGNED-PAYLOAD"
     assert _http(f"{endpoint}/{bucket}/probe/unsigned.bin", "PUT", unsigned_body, b"x")[0] == 403
+    # A streamed body's signature covers no byte of it: captured, it took any body for 15 minutes.
+    request = AWSRequest(
+        method="PUT",
+        url=f"{endpoint}/{bucket}/probe/streamed.bin",
+        data=b"any",
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    StreamedPayload(credentials, "s3", "us-east-1").add_auth(request)
+    assert request.headers["X-Amz-Content-SHA256"] == "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+    assert _http(f"{endpoint}/{bucket}/probe/streamed.bin", "PUT", dict(request.headers), b"any")[0] == 403
     good = boto3.client(
         "s3",
         endpoint_url=endpoint,
