@@ -4,8 +4,9 @@
 
 What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermill ...` would):
 
-- ships what the notebooks need of this project (`helpers/` and `notebooks/`, the files git tracks there) as
-  the job's `working_dir`: nothing else of the checkout, no executed notebook, no local state; the notebook's
+- ships what the notebooks need of this project (`helpers/`, `harness/` and `notebooks/`, the files git tracks
+  there, copied to a temporary folder: an allow-list) as the job's `working_dir`: nothing else of the
+  checkout, no executed notebook, no local state; the notebook's
   `import helpers` takes the shipped copy, on the head node and in every worker, never one installed on the
   cluster;
 - runs `python -m papermill notebooks/<NOTEBOOK>.ipynb <STORAGE_PATH>/jobs/<job id>/<NOTEBOOK>.ipynb` there,
@@ -35,6 +36,7 @@ loses nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -97,47 +99,42 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
     python = os.environ.get("LLM_NOTEBOOKS_JOB_PYTHON", "python")  # the nodes' Python
     papermill = [python, "-m", "papermill", "--log-output", f"notebooks/{notebook}.ipynb", output]
     entrypoint = " ".join(map(_quote, [*papermill, *papermill_args]))
-    client = JobSubmissionClient(
-        cluster_address(os.environ) or None
-    )  # with the token where the cluster needs one
-    client.submit_job(
-        entrypoint=entrypoint,
-        submission_id=job_id,
-        runtime_env={
-            "working_dir": str(ROOT),
-            "excludes": excludes(),
-            "env_vars": job_env(os.environ),
-        },
-    )
+    client = JobSubmissionClient(cluster_address(os.environ) or None)  # with the token where needed
+    with shipped_copy() as working_dir:  # Ray packs and uploads it in submit_job
+        client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=job_id,
+            runtime_env={"working_dir": working_dir, "env_vars": job_env(os.environ)},
+        )
     return job_id, output
 
 
 SHIPPED = ("helpers", "harness", "notebooks")  # what a notebook run needs of the project
 
 
-def excludes() -> list[str]:
-    """Ray's `excludes` (gitignore patterns, from the project's root) that leave only SHIPPED's tracked
-    files: every other top-level entry, and any file git does not track under SHIPPED (an executed
-    `out.ipynb`, a results file)."""
+@contextlib.contextmanager
+def shipped_copy():
+    """A temporary folder with the files git tracks under SHIPPED, and nothing else: an allow-list, so that
+    no executed notebook, results file or local state is shipped, whatever its name (`[`, `\\`, a trailing
+    space). Removed on leaving."""
+    import shutil
     import subprocess
+    import tempfile
 
-    others = [f"/{p.name}" for p in ROOT.iterdir() if p.name not in SHIPPED]
-    untracked = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "-z", "--others", "--", *SHIPPED],  # -z: names as they are
+    tracked = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--", *SHIPPED],  # -z: names as they are
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split("\0")
-    return others + [f"/{_escaped(path)}" for path in untracked if path]
-
-
-def _escaped(path: str) -> str:
-    """`path` as a gitignore pattern that matches only itself: glob characters, `#` and `!` escaped, and
-    a trailing space as `[ ]` (a gitignore pattern's trailing spaces are dropped)."""
-    import re
-
-    escaped = re.sub(r"([*?\[\]\\!#])", r"\\\1", path)
-    return escaped[:-1] + "[ ]" if escaped.endswith(" ") else escaped
+    with tempfile.TemporaryDirectory(prefix="job-") as folder:
+        for path in filter(None, tracked):
+            source = ROOT / path
+            if source.is_file() and not source.is_symlink():  # a deleted, not yet committed file is not
+                target = Path(folder) / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+        yield folder
 
 
 def job_env(environ) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from notebook_runs import ROOT
 
@@ -54,35 +55,24 @@ def test_credentials_in_a_jobs_values_are_refused_before_anything_records_them()
 
 
 def test_a_job_ships_the_notebooks_and_helpers_only(tmp_path, monkeypatch):
-    # A checkout with an executed notebook at its root and in notebooks/, both untracked.
+    # A checkout with executed notebooks at its root and in notebooks/, untracked, some with names a
+    # gitignore pattern reads otherwise ("[", "\\", a trailing space): only what git tracks under SHIPPED goes.
     from ci import submit_job
 
-    for path in ("helpers/__init__.py", "notebooks/a.ipynb", "tests/t.py", "README.md"):
+    for path in ("helpers/__init__.py", "harness/x.py", "notebooks/a.ipynb", "tests/t.py", "README.md"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("x")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
-    (tmp_path / "out.ipynb").write_text("executed")
-    (tmp_path / "notebooks" / "out.ipynb").write_text("executed")
-    monkeypatch.setattr(submit_job, "ROOT", tmp_path)
-    excludes = submit_job.excludes()
-    assert sorted(excludes) == sorted(["/.git", "/README.md", "/out.ipynb", "/tests", "/notebooks/out.ipynb"])
-    # Names with spaces, non-ASCII or glob characters are left out too, each matching only itself (as
-    # Ray reads `excludes`: gitignore patterns through pathspec).
-    from ray._private.thirdparty.pathspec import PathSpec  # what Ray's packaging uses
-
-    odd = [
-        "notebooks/my run.ipynb",
-        "notebooks/résumé.ipynb",
-        "notebooks/a[1].ipynb",
-        "helpers/*.py",
-        "helpers/x ",
-    ]
+    odd = ["out.ipynb", "notebooks/out.ipynb", "notebooks/my run.ipynb", "notebooks/résumé.ipynb"]
+    odd += ["notebooks/a[1].ipynb", "helpers/*.py", "helpers/x ", "[x]", "a\\b", "results.json "]
     for name in odd:
         (tmp_path / name).write_text("executed")
-    spec = PathSpec.from_lines("gitwildmatch", submit_job.excludes())
-    assert all(spec.match_file(name) for name in odd), [n for n in odd if not spec.match_file(n)]
-    assert not spec.match_file("notebooks/a.ipynb") and not spec.match_file("helpers/__init__.py")
+    monkeypatch.setattr(submit_job, "ROOT", tmp_path)
+    with submit_job.shipped_copy() as folder:
+        shipped = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*") if p.is_file())
+    assert shipped == ["harness/x.py", "helpers/__init__.py", "notebooks/a.ipynb"]
+    assert not Path(folder).exists()
 
 
 def test_make_job_reads_the_projects_cluster_env_from_any_folder(tmp_path):
