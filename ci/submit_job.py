@@ -16,7 +16,7 @@ What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermil
   shell sets them the settings a run on GPU nodes needs that the head node may not have: the Hugging Face
   cache, mirror and offline switches (`HF_HOME`, ...: `harness.cluster.HUB_ENV_VARS`) and the collective
   communication settings (`NCCL_*`, `TORCH_NCCL_*`, libfabric's `FI_*`). Never a secret: Ray keeps a job's
-  variables in its job table (the Hub token goes from the notebook's own `start_ray` to its workers, and the
+  variables in its job table (the Hub token goes from the notebook's own `ray_init_args` to its workers, and the
   nodes' own credentials reach the bucket). A value with credentials written into it
   (`s3://KEY:SECRET@bucket/...`), there or in a papermill argument, is refused before anything records it:
   the job table, Ray's logs and the executed notebook would all keep it;
