@@ -11,6 +11,16 @@ from notebook_runs import ROOT
 
 
 def test_credentials_in_a_jobs_values_are_refused_before_anything_records_them():
+    def submit(args: list[str], env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "ci.submit_job", "glue_text_classification", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     # The job server's address is a closed port: a submission that got that far would fail differently.
     secret = "s3cr3tvalue"
     cases = [
@@ -28,28 +38,14 @@ def test_credentials_in_a_jobs_values_are_refused_before_anything_records_them()
             "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
             **env,
         }
-        proc = subprocess.run(
-            [sys.executable, "-m", "ci.submit_job", "glue_text_classification", *args],
-            cwd=ROOT,
-            env=full,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = submit(args, full)
         assert proc.returncode != 0 and "Not submitted: credentials written into" in proc.stderr, proc.stderr[
             -2000:
         ]
         assert secret not in proc.stdout + proc.stderr and "***" in proc.stderr
     # papermill's YAML, base64 and file parameters would carry values unread: refused, whatever they hold.
     for option in (["-y", f"STORAGE_PATH: s3://key:{secret}@b/r"], ["-b", "e30="], ["-f", "params.yaml"]):
-        proc = subprocess.run(
-            [sys.executable, "-m", "ci.submit_job", "glue_text_classification", *option],
-            cwd=ROOT,
-            env=full,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = submit(option, full)
         assert proc.returncode != 0 and "-p NAME VALUE only" in proc.stderr, proc.stderr[-2000:]
         assert secret not in proc.stdout + proc.stderr
 
