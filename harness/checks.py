@@ -17,6 +17,8 @@ Each notebook's own rules are in its module of `harness.notebooks`.
 
 from __future__ import annotations
 
+import os
+
 from harness.notebooks import notebook as _notebook
 from harness.storage import redact, shown
 from helpers.sizing import cluster_step_seconds, global_batch, plan_for, sequences_per_gpu
@@ -161,6 +163,16 @@ def compiled_attention(namespace: dict) -> None:
     if namespace.get("USE_COMPILE") is True and namespace.get("USE_FLASH_ATTN") is True:
         namespace["USE_FLASH_ATTN"] = False
         print("USE_FLASH_ATTN=True with USE_COMPILE=True -> False: compiled, sdpa runs its own flash kernel")
+    compile_threads(namespace)
+
+
+def compile_threads(namespace: dict) -> None:
+    """`USE_COMPILE`: Inductor compiles with `min(32, the node's cores)` processes per rank, since a Ray
+    worker sees every core of its node (8 ranks on a 96-core node: 256). `TORCHINDUCTOR_COMPILE_THREADS`
+    = `CPUS_PER_WORKER` instead, the cores the worker reserved, for every worker (`job_runtime_env` passes
+    it on); one the shell set is left as it is."""
+    if namespace.get("USE_COMPILE") is True and "CPUS_PER_WORKER" in namespace:
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, int(namespace["CPUS_PER_WORKER"]))))
 
 
 def cluster_from_text(namespace: dict) -> None:
@@ -236,9 +248,45 @@ def check_parameters(notebook: str, namespace: dict):
     return plan
 
 
+def check_storage_rate(storage_path: str, details: dict, rates: dict | None = None) -> str:
+    """The rate each GPU node writes to `storage_path` in a rank's streams (`storage_rates_on_nodes`, about
+    1 GiB each) against a streamed checkpoint's share per rank (`details`: the plan's). Where a rank's share
+    would take longer than a save may (`COLLECTIVE_SHARE` of `COLLECTIVE_TIMEOUT_S`), every save would fail:
+    a `ParameterError` now, not after hours. Slower than the plan assumed: a warning with the time. The
+    measure is an upper bound (the node's ranks share its link). Returns the Set up line's words."""
+    import warnings
+
+    from harness.cluster import storage_rates_on_nodes
+    from harness.storage import STREAM_RATE, STREAMS
+
+    if rates is None:
+        rates = storage_rates_on_nodes(storage_path, use_gpu=True)
+    measured = {node: rate for node, rate in rates.items() if isinstance(rate, float)}
+    if not measured:  # no GPU node up yet, or none could write (check_storage_from_nodes says why)
+        return ""
+    node, slowest = min(measured.items(), key=lambda item: item[1])
+    rank_bytes, limit = details["checkpoint_rank_bytes"], details.get("checkpoint_limit_seconds")
+    seconds = rank_bytes / slowest
+    said = (
+        f"node {node} writes {slowest / 1e6:,.0f} MB/s to STORAGE_PATH in {STREAMS} streams: a rank's "
+        f"{rank_bytes / 1e9:,.1f} GB of each checkpoint in at least {seconds / 60:,.1f} min"
+    )
+    if limit and seconds > limit:
+        raise ParameterError(
+            f"STORAGE_PATH={shown(redact(storage_path))}: {said}, more than the {limit / 60:,.0f} min a save may "
+            "take (its share of COLLECTIVE_TIMEOUT_S): every checkpoint would fail. Faster storage, a larger "
+            "COLLECTIVE_TIMEOUT_S, or more workers (smaller shards)."
+        )
+    if slowest < STREAMS * STREAM_RATE:
+        warnings.warn(
+            f"{said}, slower than the plan's {STREAMS} x {STREAM_RATE / 1e6:.0f} MB/s.", stacklevel=2
+        )
+    return f"; storage {slowest / 1e6:,.0f} MB/s from the slowest GPU node"
+
+
 def check_cluster(notebook: str, namespace: dict) -> None:
     """After the Set up cell's `ray.init`: can this Ray cluster ever run the workers, can every node write the
-    checkpoints, and (with the Set up cell's `plan` in `namespace`) does every node have the local disk
+    checkpoints (on GPUs, fast enough for a streamed one: `check_storage_rate`), and (with the Set up cell's `plan` in `namespace`) does every node have the local disk
     for the files the plan puts there? For Llama, each node also fetches the weights now
     (`prefetch_model_on_nodes`)."""
     from harness.cluster import (
@@ -259,9 +307,11 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     check_resources(p["NUM_WORKERS"], p["USE_GPU"], p.get("CPUS_PER_WORKER", 1), name="NUM_WORKERS")
     nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"], p["USE_GPU"])
     where = f"; every node ({nodes}) reaches STORAGE_PATH" if nodes else ""
+    plan = p.get("plan")  # the Set up cell's, from check_parameters
+    if p["USE_GPU"] and isinstance(plan, Plan) and "checkpoint_rank_bytes" in plan.details:
+        where += check_storage_rate(p["STORAGE_PATH"], plan.details)
     if gpu_nodes := check_gpus_match_cluster(p):
         where += f"; the GPUs of {gpu_nodes} node(s) are CLUSTER's"
-    plan = p.get("plan")  # the Set up cell's, from check_parameters
     if isinstance(plan, Plan):  # before the Llama prefetch below: its download is what may not fit
         needs = {"hub cache": plan.details["hub_download_bytes"], "temp": plan.details["temp_file_bytes"]}
         checked = check_local_disk_on_nodes(needs, p["MODEL_NAME"], p["USE_GPU"])

@@ -275,8 +275,8 @@ def job_runtime_env(attach: bool) -> dict:
 
     - `env_vars`: `WORKER_ENV` (quiet progress bars, the GPU allocator's setting), the driver's Hugging Face
       settings (`HUB_ENV_VARS`), and its collective communication settings (`NCCL_*`, `TORCH_NCCL_*`, and
-      libfabric's `FI_*` for EFA instances): set in the notebook, they would otherwise reach no worker on
-      another node.
+      libfabric's `FI_*` for EFA instances), and `TORCHINDUCTOR_COMPILE_THREADS` (`harness.checks.compile_threads`):
+      set in the notebook, they would otherwise reach no worker on another node.
     - MLflow's: where runs are tracked (`MLFLOW_TRACKING_URI`, `harness.tracking`) and its telemetry off.
     - `worker_process_setup_hook`: the collector's `GC_THRESHOLD` in each worker process and, where the
       driver has a Hub token (`HF_TOKEN`) or a tracking server's credentials (`MLFLOW_TRACKING_TOKEN`, ...),
@@ -288,7 +288,7 @@ def job_runtime_env(attach: bool) -> dict:
     import helpers
     from harness.tracking import OFFLINE_ENV, TRACKING_ENV_VARS, TRACKING_SECRET_VARS
 
-    passed = (*HUB_ENV_VARS, *TRACKING_ENV_VARS)
+    passed = (*HUB_ENV_VARS, *TRACKING_ENV_VARS, "TORCHINDUCTOR_COMPILE_THREADS")
     env_vars = {**WORKER_ENV, **OFFLINE_ENV, **{v: os.environ[v] for v in passed if v in os.environ}}
     env_vars.update({k: v for k, v in os.environ.items() if k.startswith(COMMUNICATION_ENV_PREFIXES)})
     runtime_env: dict = {"env_vars": env_vars}
@@ -649,6 +649,43 @@ def _probe_storage(uri: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+# What a node writes to measure the storage's rate: about a checkpoint file's size, far from a 70B one, so an
+# upper bound (a node's cache and a bucket's first bytes are the fastest).
+RATE_PROBE_BYTES = 1 << 30
+
+
+def _storage_rate(uri: str, total_bytes: int) -> float | str:
+    """Bytes per second this node writes to `uri` in a rank's `STREAMS` streams (`harness.storage.write_rate`),
+    or why it could not."""
+    import pyarrow.fs as pafs
+
+    from harness.storage import STREAMS, is_uri, write_rate
+
+    try:
+        if is_uri(uri) and not uri.startswith("file://"):
+            fs, path = pafs.FileSystem.from_uri(uri)
+        else:
+            fs, path = pafs.LocalFileSystem(), os.path.expanduser(uri.removeprefix("file://"))
+        return write_rate(fs, path, total_bytes, STREAMS)
+    except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
+        return f"{type(exc).__name__}: {exc}"
+
+
+def storage_rates_on_nodes(uri: str, use_gpu: bool, total_bytes: int = RATE_PROBE_BYTES) -> dict[str, object]:
+    """{node: bytes per second (or why not)} each node that runs workers writes to `uri`, one node at a time
+    (nodes sharing a link or an NFS server would otherwise measure each other)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0)(_storage_rate)
+    rates = {}
+    for node in alive_nodes(use_gpu):
+        pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        label = node["NodeManagerAddress"] + " " + node["NodeID"][:8]
+        rates[label] = ray.get(task.options(scheduling_strategy=pinned).remote(uri, total_bytes))
+    return rates
 
 
 def _read_marker(path: str, token: str) -> bool:

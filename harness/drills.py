@@ -186,9 +186,19 @@ def _worker_node(progress: dict) -> tuple[int, str, int]:
 
 
 def _kill_on_node(node_id: str, pid: int) -> None:
-    """SIGKILL `pid` from a task on its node, as Ray's `WorkerKillerActor` does."""
+    """SIGKILL `pid` on its node: from here where the node is this machine (a `LaptopCluster`'s, whose workers
+    are this machine's processes), else from a task on the node, as Ray's `WorkerKillerActor` does. (A task
+    first starts a worker process there, a second or more on a busy laptop, while small steps go on: the
+    kill would land steps later than the drill chose, past the next checkpoint.)"""
+    import signal
+
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    address = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
+    if address == ray.util.get_node_ip_address() and _is_ray_worker(pid):
+        os.kill(pid, signal.SIGKILL)
+        return
 
     @ray.remote(num_cpus=0)
     def kill(pid: int) -> None:
@@ -197,6 +207,15 @@ def _kill_on_node(node_id: str, pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
     ray.get(kill.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid))
+
+
+def _is_ray_worker(pid: int) -> bool:
+    """Whether `pid` is a Ray worker process on this machine (Ray names them `ray::...`)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(b"ray::")
+    except OSError:
+        return False
 
 
 def _look_now() -> None:

@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -86,6 +87,30 @@ def write_probe(fs, path: str) -> None:
     with fs.open_input_stream(probe) as f:
         assert f.read() == b"ok"
     fs.delete_file(probe)
+
+
+def write_rate(fs, path: str, total_bytes: int, streams: int) -> float:
+    """Write `total_bytes` under `path` in `streams` files at once, as a rank writes a checkpoint's files,
+    then delete them; the bytes per second. Random bytes, so that no store compresses them away."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = f"{path.rstrip('/')}/.write-rate-{uuid.uuid4().hex[:8]}"
+    fs.create_dir(folder, recursive=True)
+    chunk = os.urandom(min(8 << 20, max(1, total_bytes // streams)))
+    per_stream = total_bytes // streams
+
+    def write(i: int) -> None:
+        with fs.open_output_stream(f"{folder}/{i}") as f:
+            for start in range(0, per_stream, len(chunk)):
+                f.write(chunk[: per_stream - start])
+
+    began = time.monotonic()
+    try:
+        with ThreadPoolExecutor(streams) as pool:
+            list(pool.map(write, range(streams)))
+        return per_stream * streams / (time.monotonic() - began)
+    finally:
+        fs.delete_dir(folder)
 
 
 def _custom_endpoint(value: str) -> tuple[str, str] | None:
@@ -331,7 +356,6 @@ def with_deadline(
     again after a backoff, up to `tries` tries; then `StorageStalled` (`what` was not `done`). `until`: a
     `time.monotonic()` by which all tries must end (a save's share of the collective timeout)."""
     import logging
-    import time
 
     log = logging.getLogger(__name__)
     per_try = deadline = stall_s + size / min_rate
@@ -405,7 +429,6 @@ def _collective_deadline() -> float | None:
     """The `time.monotonic()` by which this rank's save or load must end: `COLLECTIVE_SHARE` of its process
     group's timeout from now; None without a process group (one process)."""
     import sys
-    import time
 
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():

@@ -36,7 +36,7 @@ from .notebook import (
     use_smoke_values,
 )
 from .plots import plot_losses
-from .validate import ParameterError, choose_attention
+from .validate import ParameterError, check_packed, choose_attention
 from .zero_checkpoint import fetch_zero_checkpoint
 
 
@@ -88,6 +88,7 @@ __all__ = [
     "Observer",
     "ParameterError",
     "PeakRSS",
+    "check_packed",
     "choose_attention",
     "fsdp",
     "gpus_for_one_task",

@@ -603,6 +603,13 @@ def _fsdp_device(
     layer_grads = (gather_bytes + reduce_bytes) * trained_layer
     layer = size.largest_layer + (lora.largest_layer if lora else 0)
     working = (2 * layer + root) * gather_bytes + layer_grads + root_grads
+    if lora and recipe.lora_token_rows:
+        # peft's trainable token rows: each forward builds the whole table with the rows written in
+        # (`index_copy`), and the backward gives it a full-vocabulary gradient before the rows' are picked;
+        # the head's copy is kept for its backward: two vocabulary x hidden tensors at once.
+        tokens = 2 * gather_bytes * (recipe.vocab_size or size.vocab) * size.hidden
+        details["token_rows_bytes"] = tokens
+        working += tokens
     # torch's default (foreach) AdamW step allocates a temporary the size of the weights it updates.
     step = 4 * trained // n if foreach_optimizer else 4 * trained_tensor // n
     details["optimizer_step_temporary_bytes"] = step
@@ -615,13 +622,19 @@ def _fsdp_device(
             )
         terms = f"{what} {_gb(working)} + activations and logits {_gb(activations_and_logits)}"
         return working + activations_and_logits, (shards + step) * run.per_node, terms
+    if lora and recipe.lora_token_rows:
+        terms_tokens = (
+            f" (with the token rows' merged head and its gradient {_gb(details['token_rows_bytes'])})"
+        )
+    else:
+        terms_tokens = ""
     state = (
         f"(2 B x params frozen bf16 base + 16 B x {lora.params:,} adapter params) / {n} workers"
         if lora
         else f"16 B x params / {n} workers (fp32 weights, gradients, AdamW moments)"
     )
     terms = (
-        f"{state} {_gb(shards)} + the larger of gathered layers and activations "
+        f"{state} {_gb(shards)} + the larger of gathered layers{terms_tokens} and activations "
         f"{_gb(working + activations_and_logits)}, optimizer step {_gb(step)}"
     )
     return shards + max(working + activations_and_logits, step), 0, terms

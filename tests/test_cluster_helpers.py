@@ -242,6 +242,22 @@ def test_nccl_and_efa_settings_reach_the_workers(monkeypatch):
     assert env_vars["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "SOME_OTHER_SETTING" not in env_vars
 
 
+def test_compiling_workers_use_the_cores_they_reserved(monkeypatch):
+    # Inductor's default is min(32, the node's cores) compile processes per rank: 256 on an 8-GPU node. With
+    # USE_COMPILE, Set up sets CPUS_PER_WORKER and the job carries it to every worker; a shell's own value wins.
+    import harness.cluster
+    from harness.checks import compiled_attention
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    compiled_attention({"USE_COMPILE": False, "CPUS_PER_WORKER": 10})
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in harness.cluster.job_runtime_env(attach=False)["env_vars"]
+    compiled_attention({"USE_COMPILE": True, "USE_FLASH_ATTN": False, "CPUS_PER_WORKER": 10})
+    assert harness.cluster.job_runtime_env(attach=False)["env_vars"]["TORCHINDUCTOR_COMPILE_THREADS"] == "10"
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "4")
+    compiled_attention({"USE_COMPILE": True, "USE_FLASH_ATTN": False, "CPUS_PER_WORKER": 10})
+    assert harness.cluster.job_runtime_env(attach=False)["env_vars"]["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
+
+
 def test_local_disk_is_checked_where_the_hub_cache_and_temp_folder_are(tmp_path, monkeypatch):
     import tempfile
 
@@ -508,3 +524,29 @@ def test_compiling_on_gpu_nodes_that_cannot_build_kernels_falls_back_to_eager(mo
     monkeypatch.setattr(cluster, "_compile_prerequisites", lambda: None)
     p = {"USE_COMPILE": True}
     assert "can build" in checks.compile_or_eager(p) and p["USE_COMPILE"] is True
+
+
+def test_storage_too_slow_for_a_checkpoint_within_the_timeout_is_refused_before_training(tmp_path):
+    # The storage probe wrote 2 bytes; a 70B rank's 51.7 GB at 30 MB/s takes 29 min, more than the 24 min a
+    # save may take at COLLECTIVE_TIMEOUT_S=1800: every checkpoint would fail, hours in (issue 71, item 6).
+    import warnings
+
+    from harness.checks import check_storage_rate
+    from harness.cluster import _storage_rate
+
+    rate = _storage_rate(str(tmp_path), 8 << 20)  # this node, 8 MiB in the rank's 4 streams
+    assert isinstance(rate, float) and rate > 0 and not list(tmp_path.iterdir())  # measured, then deleted
+    plan = {"checkpoint_rank_bytes": 51.7e9, "checkpoint_limit_seconds": 1440}
+    with pytest.raises(
+        helpers.ParameterError, match=r"30 MB/s .* 28.7 min, more than the 24 min .* COLLECTIVE"
+    ):
+        check_storage_rate("s3://bucket/runs", plan, {"10.0.0.2 gpu-node": 30e6, "10.0.0.3 gpu-node": 900e6})
+    with pytest.warns(UserWarning, match=r"120 MB/s .* 7.2 min, slower than the plan's 4 x 50 MB/s"):
+        assert check_storage_rate("s3://bucket/runs", plan, {"10.0.0.2 gpu-node": 120e6}).startswith(
+            "; storage 120"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_storage_rate(
+            "s3://bucket/runs", plan, {"10.0.0.2 gpu-node": 900e6, "10.0.0.3 x": "OSError: no"}
+        )

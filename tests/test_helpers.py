@@ -490,3 +490,17 @@ def test_cpu_bf16_follows_this_cpus_own_check():
     check = "from harness import cpu_bf16; print(cpu_bf16.install() == cpu_bf16.needed(), cpu_bf16.needed())"
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
     assert done.stdout.split()[:1] == ["True"], done.stderr[-2000:]
+
+
+def test_packing_that_leaves_a_worker_no_held_out_sequence_is_refused():
+    # evaluate() gives each worker len(eval_packed) // NUM_WORKERS sequences: with fewer held-out sequences
+    # than workers the held-out loss divided by zero at the first evaluation, hours in; now refused at packing.
+    import torch
+
+    p = {"NUM_WORKERS": 16, "BATCH_SIZE_PER_WORKER": 1, "GRADIENT_ACCUMULATION_STEPS": 1, "MAX_SEQ_LEN": 2048}
+    train, held_out = torch.zeros(16, 4), torch.zeros(15, 4)
+    with pytest.raises(helpers.ParameterError, match=r"15 held-out sequences .* fewer than NUM_WORKERS=16"):
+        helpers.check_packed(train, held_out, p)
+    with pytest.raises(helpers.ParameterError, match=r"15 packed sequences are fewer than one global batch"):
+        helpers.check_packed(held_out, train, p)
+    helpers.check_packed(train, torch.zeros(16, 4), p)

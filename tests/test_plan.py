@@ -299,6 +299,18 @@ def test_llama_70b_lora_fits_one_node_where_full_fine_tuning_does_not():
     assert _row(lora, "checkpoints in storage").need == 2 * 16 * 207_093_760
 
 
+def test_lora_token_rows_count_their_whole_table_copy_and_its_gradient():
+    # peft's trainable token rows write the rows into a copy of the whole embedding table (and of the head)
+    # each forward, and get a full-vocabulary gradient in the backward (issue 71, item 12): 2 x 2 B x 32,000
+    # x 8,192 = 1.05 GB per GPU on top of the adapters, which the plan had left out.
+    one_node = dict(num_workers=8, cluster={"p4de.24xlarge": 1}, lora_rank=16)
+    without, with_rows = _llama(**one_node), _llama(**one_node, lora_token_rows=4)
+    assert with_rows.details["token_rows_bytes"] == 2 * 2 * 32_000 * 8192
+    grown = _row(with_rows, "training").need - _row(without, "training").need
+    assert grown >= with_rows.details["token_rows_bytes"]
+    assert "the token rows' merged head and its gradient 1.0 GB" in _row(with_rows, "training").terms
+
+
 def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
     import helpers.sizing
 
