@@ -183,8 +183,8 @@ ifneq ($(DOCS_EXECUTED),)
 endif
 
 lint: install
-	$(BIN)/ruff check helpers harness tests ci notebooks docs/conf.py
-	$(BIN)/ruff format --check helpers harness tests ci notebooks docs/conf.py
+	$(BIN)/ruff check basics harness helpers tests ci notebooks docs/conf.py
+	$(BIN)/ruff format --check basics harness helpers tests ci notebooks docs/conf.py
 
 # Every path is the project's (never the current folder's); refused while a local cluster runs from .venv.
 clean:

@@ -44,11 +44,11 @@ import helpers
 
 def marked_functions(notebook: Path = NOTEBOOK) -> list[tuple[str, str, str]]:
     """(name, source, the notebook section it is in) of every function whose `def` follows a `# @save` line."""
-    import nbformat
+    from basics.notebook_files import cells
 
     found, section = [], ""
-    for cell in nbformat.read(notebook, as_version=4).cells:
-        if cell.cell_type == "markdown":
+    for cell in cells(notebook):
+        if cell.kind == "markdown":
             for line in cell.source.splitlines():
                 if line.startswith("## "):
                     section = line.removeprefix("## ").strip()

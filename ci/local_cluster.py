@@ -339,6 +339,88 @@ def _claim(state_dir: Path, env_file: Path, held_by_caller: bool) -> dict:
     return state
 
 
+def _private_logs(state_dir: Path) -> Path:
+    """The cluster's log folder, and it and the state folder its owner's alone (made by an earlier version,
+    or under another umask)."""
+    logs = state_dir / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    for private in (state_dir, logs):
+        private.chmod(0o700)
+    for old_log in logs.iterdir():
+        old_log.chmod(0o600)
+    return logs
+
+
+def _start_bucket_and_tracking(
+    state_dir: Path, state: dict, save, env: dict, credentials: dict, s3_port: int
+):
+    """The S3 server and its bucket, then the MLflow tracking server; returns (MLflow's port, its process)."""
+    import pyarrow.fs as pafs
+
+    logs = state_dir / "logs"
+    bucket_keys = {k: credentials[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    server = [sys.executable, str(ROOT / "ci" / "s3_server.py"), str(s3_port)]
+    moto = _start(server, logs / "s3.log", {**kept_env(), **bucket_keys})
+    state["processes"].append(_record(moto, "s3"))
+    save()
+    _wait_for_port(s3_port, moto, "the S3 server", logs / "s3.log")
+    s3 = pafs.S3FileSystem(
+        access_key=credentials["AWS_ACCESS_KEY_ID"],
+        secret_key=credentials["AWS_SECRET_ACCESS_KEY"],
+        endpoint_override=f"127.0.0.1:{s3_port}",
+        scheme="http",
+        region="us-east-1",
+        allow_bucket_creation=True,
+    )
+    s3.create_dir(BUCKET)
+    # The MLflow tracking server, with the bucket's keys (its artifact proxy writes there) and its own
+    # token; HOME is a folder of the cluster's, where MLflow keeps its per-user settings.
+    mlflow_port = free_port()
+    (state_dir / "mlflow-home").mkdir(mode=0o700, exist_ok=True)
+    mlflow_env = {
+        **kept_env(),
+        **bucket_keys,
+        "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
+        "AWS_REGION": env["AWS_REGION"],
+        "HOME": str((state_dir / "mlflow-home").resolve()),
+        "LLM_NOTEBOOKS_MLFLOW_SERVER_TOKEN": credentials["MLFLOW_TRACKING_TOKEN"],
+    }
+    mlflow = _start(_mlflow_command(state_dir, mlflow_port), logs / "mlflow.log", mlflow_env)
+    state["processes"].append(_record(mlflow, "mlflow"))
+    save()
+    return mlflow_port, mlflow
+
+
+def _start_ray_nodes(state: dict, save, env: dict, logs: Path, nodes: int, dashboard_port: int) -> None:
+    """The head (GCS, and the dashboard on loopback behind the same token, which serves Ray Jobs) and
+    `nodes - 1` worker nodes, as `state["node_config"]` says; returns once all are alive (at most 90 s)."""
+    config = state["node_config"]
+    address = config["address"]
+    gcs_port = int(address.rsplit(":", 1)[1])
+    for index in range(nodes):
+        head = index == 0
+        cmd = _node_command(state["temp_dirs"][index], config["cpus_per_node"], config["object_store_mb"])
+        if head:
+            cmd += ["--head", f"--port={gcs_port}", "--include-dashboard=true"]
+            cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+        else:
+            cmd += [f"--address={address}"]
+        name = "ray-head" if head else f"ray-node-{index}"
+        proc = _start(cmd + (_head_ports() if head else []), logs / f"{name}.log", {**env, **_head_env(head)})
+        state["processes"].append(_record(proc, name))
+        save()
+        if head:
+            _wait_for_port(gcs_port, proc, "the Ray head node", logs / f"{name}.log")
+    deadline = time.monotonic() + 90
+    while _alive_nodes(address, env) < nodes:
+        for record in state["processes"]:
+            if not is_running(record):
+                raise RuntimeError(f"{record['name']} exited; see {logs / (record['name'] + '.log')}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {nodes} Ray nodes alive after 90 s; logs in {logs}")
+        time.sleep(1)
+
+
 def up(
     state_dir: Path = ROOT / ".cluster",
     env_file: Path = ROOT / "cluster.env",
@@ -357,16 +439,10 @@ def up(
     state_file = state_dir / "state.json"
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     state = _claim(state_dir, env_file, held_by_caller)
-    logs = state_dir / "logs"
-    logs.mkdir(mode=0o700, exist_ok=True)
-    for private in (state_dir, logs):  # made by an earlier version, or under another umask
-        private.chmod(0o700)
-    for old_log in logs.iterdir():
-        old_log.chmod(0o600)
+    logs = _private_logs(state_dir)
     _write_private(state_dir / "auth_token", secrets.token_hex(32))
     # One per node, as on separate machines: each node's log monitor then forwards only its own workers' logs.
-    temp_dirs = [ray_temp_dir(f"llmnb-ray{i}-") for i in range(nodes)]
-    state["temp_dirs"] = temp_dirs
+    state["temp_dirs"] = [ray_temp_dir(f"llmnb-ray{i}-") for i in range(nodes)]
     credentials = _credentials()
 
     def save() -> None:
@@ -376,40 +452,7 @@ def up(
     try:
         s3_port = free_port()
         env = node_env(state_dir, s3_port, credentials, node_death_s=node_death_s)
-        bucket_keys = {k: credentials[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-        server = [sys.executable, str(ROOT / "ci" / "s3_server.py"), str(s3_port)]
-        moto = _start(server, logs / "s3.log", {**kept_env(), **bucket_keys})
-        state["processes"].append(_record(moto, "s3"))
-        save()
-        _wait_for_port(s3_port, moto, "the S3 server", logs / "s3.log")
-        import pyarrow.fs as pafs
-
-        s3 = pafs.S3FileSystem(
-            access_key=credentials["AWS_ACCESS_KEY_ID"],
-            secret_key=credentials["AWS_SECRET_ACCESS_KEY"],
-            endpoint_override=f"127.0.0.1:{s3_port}",
-            scheme="http",
-            region="us-east-1",
-            allow_bucket_creation=True,
-        )
-        s3.create_dir(BUCKET)
-
-        # The MLflow tracking server, with the bucket's keys (its artifact proxy writes there) and its own
-        # token; HOME is a folder of the cluster's, where MLflow keeps its per-user settings.
-        mlflow_port = free_port()
-        (state_dir / "mlflow-home").mkdir(mode=0o700, exist_ok=True)
-        mlflow_env = {
-            **kept_env(),
-            **bucket_keys,
-            "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
-            "AWS_REGION": env["AWS_REGION"],
-            "HOME": str((state_dir / "mlflow-home").resolve()),
-            "LLM_NOTEBOOKS_MLFLOW_SERVER_TOKEN": credentials["MLFLOW_TRACKING_TOKEN"],
-        }
-        mlflow = _start(_mlflow_command(state_dir, mlflow_port), logs / "mlflow.log", mlflow_env)
-        state["processes"].append(_record(mlflow, "mlflow"))
-        save()
-
+        mlflow_port, mlflow = _start_bucket_and_tracking(state_dir, state, save, env, credentials, s3_port)
         gcs_port, dashboard_port = free_port(), free_port()
         address = f"127.0.0.1:{gcs_port}"
         # What `add_node` needs to start another node like these (the secret stays in cluster.env).
@@ -420,31 +463,7 @@ def up(
             "object_store_mb": object_store_mb,
             "node_death_s": node_death_s,
         }
-        for index in range(nodes):
-            head = index == 0
-            cmd = _node_command(temp_dirs[index], cpus_per_node, object_store_mb)
-            if head:
-                # The dashboard, on loopback behind the same token, serves Ray Jobs (`ray job submit`).
-                cmd += ["--head", f"--port={gcs_port}", "--include-dashboard=true"]
-                cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
-            else:
-                cmd += [f"--address={address}"]
-            name = "ray-head" if head else f"ray-node-{index}"
-            proc = _start(
-                cmd + (_head_ports() if head else []), logs / f"{name}.log", {**env, **_head_env(head)}
-            )
-            state["processes"].append(_record(proc, name))
-            save()
-            if head:
-                _wait_for_port(gcs_port, proc, "the Ray head node", logs / f"{name}.log")
-        deadline = time.monotonic() + 90
-        while _alive_nodes(address, env) < nodes:
-            for record in state["processes"]:
-                if not is_running(record):
-                    raise RuntimeError(f"{record['name']} exited; see {logs / (record['name'] + '.log')}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"fewer than {nodes} Ray nodes alive after 90 s; logs in {logs}")
-            time.sleep(1)
+        _start_ray_nodes(state, save, env, logs, nodes, dashboard_port)
         _wait_for_port(mlflow_port, mlflow, "the MLflow tracking server", logs / "mlflow.log", timeout=90)
     except BaseException:
         down(state_dir, env_file, quiet=True)
@@ -527,20 +546,11 @@ def is_running(record: dict) -> bool:
         return False
 
 
-def down(
-    state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "cluster.env", quiet: bool = False
-) -> list:
-    """Stop what `up` recorded, and their children; return the processes that had to be killed."""
+def _stop_family(ours: list) -> tuple[dict, list]:
+    """SIGTERM `ours` (last started first) and wait; SIGKILL what is left of them and every process below
+    them (raylets, GCS, Ray workers: kept by id and start time). Returns ({pid: process}, those killed)."""
     import psutil
 
-    state_file = state_dir / "state.json"
-    if not state_file.exists():
-        if not quiet:
-            print(f"No cluster recorded in {state_file}: nothing to stop.")
-        return []
-    state = json.loads(state_file.read_text())
-    ours = [psutil.Process(r["pid"]) for r in state["processes"] if is_running(r)]
-    # Every process below ours (raylets, GCS, Ray workers): kept by id and start time, to check at the end.
     family = {p.pid: p for p in ours}
     for p in ours:
         try:
@@ -562,6 +572,22 @@ def down(
     _, still = psutil.wait_procs(alive, timeout=10)
     if still:
         raise RuntimeError(f"could not stop {[(p.pid, p.name()) for p in still]}")
+    return family, alive
+
+
+def down(
+    state_dir: Path = ROOT / ".cluster", env_file: Path = ROOT / "cluster.env", quiet: bool = False
+) -> list:
+    """Stop what `up` recorded, and their children; return the processes that had to be killed."""
+    import psutil
+
+    state_file = state_dir / "state.json"
+    if not state_file.exists():
+        if not quiet:
+            print(f"No cluster recorded in {state_file}: nothing to stop.")
+        return []
+    state = json.loads(state_file.read_text())
+    family, alive = _stop_family([psutil.Process(r["pid"]) for r in state["processes"] if is_running(r)])
     for temp_dir in state.get("temp_dirs", []):
         shutil.rmtree(_private_parent(temp_dir), ignore_errors=True)
     state_file.unlink()

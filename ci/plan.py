@@ -5,7 +5,7 @@
 The plan the notebook's Set up cell works out (`helpers.check_parameters`), for the values of its parameters
 cell (the full-scale run) with papermill's `-p NAME VALUE` arguments over them: GPU memory, host RAM and
 disk per node, from the model's architecture alone (nothing downloaded; the notebooks' Hub models have
-their configs in `helpers/architectures/`). It prints the table that the notebook's "Will it fit?" section
+their configs in `basics/architectures/`). It prints the table that the notebook's "Will it fit?" section
 shows, checks the values as the notebook would (a run on `MIN_WORKERS` must fit too; the storage, the model
 and the data belong to the cluster and are not checked), and exits 2 where the run would not fit, naming
 what to change.
@@ -31,7 +31,7 @@ def parameters(notebook: str, overrides: list[tuple[str, str]]) -> dict:
     known = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
     if notebook not in known:  # a name, never a path: a notebook's parameters cell is run here
         raise Refused(f"NOTEBOOK={notebook!r}: not a notebook of this project; one of {known}")
-    from harness.parameters import parameter_cells
+    from basics.notebook_files import parameter_cells
 
     source, _ = parameter_cells(ROOT / "notebooks" / f"{notebook}.ipynb")
     namespace: dict = {}
@@ -53,7 +53,7 @@ class Refused(Exception):
 def _offline_model(p: dict) -> None:
     """`make plan` reads no network: MODEL_NAME is a model whose config ships with `helpers`, or a local
     folder with a `config.json`."""
-    from helpers.plan import SHIPPED
+    from basics.plan import SHIPPED
 
     name = p.get("MODEL_NAME")
     if name is None or name in SHIPPED:
@@ -133,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(notebook: str, p: dict) -> int:
-    from harness import checks
+    from basics.validate import ParameterError
+    from harness import checks, sizing
     from harness.notebooks import notebook as notebook_module
-    from helpers import ParameterError, sizing
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")

@@ -255,10 +255,10 @@ def select_notebooks(spec: str | None) -> list[Path]:
 
 
 def _notebook_title(path: Path) -> str:
-    import nbformat
+    from basics.notebook_files import cells
 
     try:
-        first = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0]
+        first = cells(path)[0].source.splitlines()[0]
     except Exception:  # noqa: BLE001 - the title is decoration
         return ""
     return re.sub(r"[`*]", "", first.lstrip("#").strip())
@@ -302,10 +302,10 @@ class FinishedRun:
     """
 
     def __init__(self, notebook: Path) -> None:
-        import nbformat
+        from basics.notebook_files import cells
 
         # papermill adds one cell (the injected parameters): the last one it runs has this index
-        self.last_cell = len(nbformat.read(notebook, as_version=4).cells)
+        self.last_cell = len(cells(notebook))
         self.done = False
 
     def on_cell_executed(self, cell, cell_index: int, execute_reply) -> None:

@@ -4,7 +4,7 @@
 
 What it does, with Ray's job SDK (as `ray job submit --working-dir . -- papermill ...` would):
 
-- ships what the notebooks need of this project (`helpers/`, `harness/` and `notebooks/`, the files git tracks
+- ships what the notebooks need of this project (`basics/`, `harness/`, `helpers/` and `notebooks/`, the files git tracks
   there, copied to a temporary folder: an allow-list) as the job's `working_dir`: nothing else of the
   checkout, no executed notebook, no local state; the notebook's
   `import helpers` takes the shipped copy, on the head node and in every worker, never one installed on the
@@ -109,7 +109,7 @@ def submit(notebook: str, papermill_args: list[str], submission_id: str | None =
     return job_id, output
 
 
-SHIPPED = ("helpers", "harness", "notebooks")  # what a notebook run needs of the project
+SHIPPED = ("basics", "harness", "helpers", "notebooks")  # what a notebook run needs of the project
 
 
 @contextlib.contextmanager

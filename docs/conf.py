@@ -294,16 +294,18 @@ def _generated_tables(app, docname: str, source: list[str]) -> None:
 
 
 def _helpers_reference(app, docname: str, source: list[str]) -> None:
-    """Append one autodoc section per module of `helpers`, then of `harness`, to api.md, so a new module is
-    never left out."""
+    """Append one autodoc section per module of `helpers`, then of `harness` and `basics` (the floors below
+    it), to api.md, so a new module is never left out."""
     if docname != "api":
         return
+    import basics
     import harness
     import helpers
 
-    for package in (helpers, harness):
-        if package is harness:
-            source[0] += "\n## The `harness` package\n\n" + harness.__doc__.split("\n\n")[0] + "\n"
+    for package in (helpers, harness, basics):
+        if package is not helpers:
+            summary = package.__doc__.split("\n\n")[0]
+            source[0] += f"\n## The `{package.__name__}` package\n\n{summary}\n"
         for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
             name = f"{package.__name__}.{module}"
             # autodoc writes reStructuredText, which MyST hands over only inside `eval-rst`

@@ -1,7 +1,7 @@
 """The docs pages' tables that come from code: a page line `<!-- table: NAME -->` becomes TABLES[NAME]().
 
 - `techniques`: per-GPU memory of each sharding technique for Llama 2 7B and 70B on 8 A100-80GB, by the
-  suite's own "will it fit?" plan (`helpers.plan.plan_training`) with each notebook's recipe;
+  suite's own "will it fit?" plan (`basics.plan.plan_training`) with each notebook's recipe;
 - `learning-path`: the notebooks in the order to take them, their full-scale hardware and laptop time read
   from each notebook's header table;
 - `troubleshooting`: the messages the suite's checks print, made by calling those checks.
@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 from pathlib import Path
@@ -53,7 +52,7 @@ CLUSTER = {"p4de.24xlarge": 1}  # 8 A100-80GB
 def techniques() -> str:
     from dataclasses import replace
 
-    from helpers.plan import plan_training
+    from basics.plan import plan_training
 
     header = "| technique | " + " | ".join(MODELS) + " | taught in |\n|---|" + "---|" * len(MODELS) + "---|\n"
     rows = []
@@ -97,7 +96,9 @@ LEARNING_PATH = [
 def _header(notebook: str) -> tuple[str, dict[str, tuple[str, str]]]:
     """The notebook's title, and its header table: {row: (full scale, on a laptop)}. A missing row is a
     KeyError naming it."""
-    first = "".join(json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"][0]["source"])
+    from basics.notebook_files import cells
+
+    first = cells(notebook)[0].source
     rows = {}
     for line in first.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -129,9 +130,9 @@ def _message(call) -> str:
 def troubleshooting() -> str:
     """One section per failure: the message the suite prints (made here by its own checks), and what to do."""
     import helpers
+    from basics.plan import Recipe, plan_training
     from harness.cluster import resource_shortfall
     from harness.storage import check_storage_path
-    from helpers.plan import Recipe, plan_training
 
     oom = _message(
         lambda: plan_training(

@@ -5,7 +5,7 @@ Used by the "Set up" cell of every notebook (`helpers.check_parameters`, `helper
 - `check_parameters(notebook, globals())` fails at once, naming the parameter and what is allowed, on
   a name the notebook does not have (a misspelt `papermill -p`), a bad value, storage that cannot be
   written, a model or dataset that cannot be reached, a sequence longer than the model's positions, or
-  a run the "will it fit?" plan (`helpers.sizing.plan_for`) says does not fit. It returns that plan.
+  a run the "will it fit?" plan (`harness.sizing.plan_for`) says does not fit. It returns that plan.
   Nothing is downloaded and no GPU is requested before it has passed.
 - `check_cluster(notebook, globals())`, after the Set up cell's `ray.init`: the Ray cluster can run the
   workers at all (`fit()` would otherwise wait forever), every node can write to `STORAGE_PATH`, every
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 
+from basics.validate import ParameterError, check_int
 from harness.notebooks import notebook as _notebook
+from harness.sizing import cluster_step_seconds, global_batch, plan_for, sequences_per_gpu
 from harness.storage import redact, shown
-from helpers.sizing import cluster_step_seconds, global_batch, plan_for, sequences_per_gpu
-from helpers.validate import ParameterError, check_int
 
 __all__ = ["check_parameters", "check_cluster", "check_min_workers", "check_elastic_save_interval"]
 
@@ -139,7 +139,7 @@ def compile_or_eager(namespace: dict) -> str:
     says what to install; returns the Set up line's words."""
     import warnings
 
-    from harness.cluster import compile_missing_on_nodes
+    from harness.nodes import compile_missing_on_nodes
 
     missing = compile_missing_on_nodes(use_gpu=True)
     if not missing:
@@ -203,14 +203,14 @@ def check_parameters(notebook: str, namespace: dict):
 
     In order, each failing with a `ParameterError` that names the parameter and what is allowed: names
     papermill passed that the notebook does not have; each value; `STORAGE_PATH` (a small object is
-    written and deleted there); the plan, from the model's architecture only (`helpers.plan`: counted
+    written and deleted there); the plan, from the model's architecture only (`basics.plan`: counted
     on PyTorch's `meta` device, nothing downloaded; a row that does not fit stops here, one above 85 %
     warns); then whether the model and the data can be reached and the sequence fits the model; and
     last, that MLflow can track the run (`MLFLOW_TRACKING_URI`: a server answers, no credentials in it).
     """
+    from basics.validate import check_max_positions, check_source_available, hub_offline
     from harness.cluster import quiet_deepspeed_on_cpu
     from harness.parameters import check_parameter_names
-    from helpers.validate import check_max_positions, check_source_available, hub_offline
 
     check_parameter_names(namespace)
     cluster_from_text(namespace)
@@ -256,8 +256,8 @@ def check_storage_rate(storage_path: str, details: dict, rates: dict | None = No
     measure is an upper bound (the node's ranks share its link). Returns the Set up line's words."""
     import warnings
 
-    from harness.cluster import storage_rates_on_nodes
-    from harness.storage import STREAM_RATE, STREAMS
+    from basics.checkpoints import STREAM_RATE, STREAMS
+    from harness.nodes import storage_rates_on_nodes
 
     if rates is None:
         rates = storage_rates_on_nodes(storage_path, use_gpu=True)
@@ -284,20 +284,20 @@ def check_storage_rate(storage_path: str, details: dict, rates: dict | None = No
     return f"; storage {slowest / 1e6:,.0f} MB/s from the slowest GPU node"
 
 
-def check_cluster(notebook: str, namespace: dict) -> None:
+def check_cluster(notebook: str, namespace: dict, plan=None) -> None:
     """After the Set up cell's `ray.init`: can this Ray cluster ever run the workers, can every node write the
-    checkpoints (on GPUs, fast enough for a streamed one: `check_storage_rate`), and (with the Set up cell's `plan` in `namespace`) does every node have the local disk
+    checkpoints (on GPUs, fast enough for a streamed one: `check_storage_rate`), and (given the Set up cell's `plan`) does every node have the local disk
     for the files the plan puts there? For Llama, each node also fetches the weights now
     (`prefetch_model_on_nodes`)."""
-    from harness.cluster import (
+    from basics.plan import Plan
+    from harness.cluster import check_resources
+    from harness.nodes import (
         check_gpus_match_cluster,
         check_local_disk_on_nodes,
-        check_resources,
         check_storage_from_nodes,
         prefetch_model_on_nodes,
     )
     from harness.tracking import check_tracking_from_nodes, tracking_uri
-    from helpers.plan import Plan
 
     _notebook(notebook)  # a known notebook
     p = namespace
@@ -307,7 +307,6 @@ def check_cluster(notebook: str, namespace: dict) -> None:
     check_resources(p["NUM_WORKERS"], p["USE_GPU"], p.get("CPUS_PER_WORKER", 1), name="NUM_WORKERS")
     nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"], p["USE_GPU"])
     where = f"; every node ({nodes}) reaches STORAGE_PATH" if nodes else ""
-    plan = p.get("plan")  # the Set up cell's, from check_parameters
     if p["USE_GPU"] and isinstance(plan, Plan) and "checkpoint_rank_bytes" in plan.details:
         where += check_storage_rate(p["STORAGE_PATH"], plan.details)
     if gpu_nodes := check_gpus_match_cluster(p):

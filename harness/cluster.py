@@ -1,7 +1,7 @@
 """Starting Ray so a notebook never hangs, and failing fast on requests it can never meet.
 
 Used by the "Set up" cell of every notebook (`ray_init_args` and `ray_log_file` around its `ray.init`;
-`check_resources` and `prefetch_model_on_nodes` through `harness.checks.check_cluster`); `start_ray` does both
+`check_resources` through `harness.checks.check_cluster`; the checks on every node are `harness.nodes`); `start_ray` does both
 at once, for scripts.
 
 Two traps this module exists for (both seen on a 2-core laptop; docs/cluster.md, "A local Ray that never hangs"):
@@ -19,12 +19,11 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 import sys
 import warnings
 from pathlib import Path
 
-from helpers.cluster import ResourceRequestError, alive_nodes, fetch_model
+from basics.cluster import ResourceRequestError
 
 __all__ = [
     "ray_init_args",
@@ -32,7 +31,6 @@ __all__ = [
     "cluster_ray_finds",
     "start_ray",
     "check_resources",
-    "prefetch_model_on_nodes",
     "LOG_NOISE",
     "RAY_ENV",
     "LOCAL_RAY_ENV",
@@ -281,11 +279,11 @@ def job_runtime_env(attach: bool) -> dict:
     - `worker_process_setup_hook`: the collector's `GC_THRESHOLD` in each worker process and, where the
       driver has a Hub token (`HF_TOKEN`) or a tracking server's credentials (`MLFLOW_TRACKING_TOKEN`, ...),
       those, so that they are in no log and no job table (see `HUB_TOKEN_VARS`).
-    - `py_modules` (when attaching to a cluster): the `helpers` and `harness` packages, uploaded with the
+    - `py_modules` (when attaching to a cluster): the `basics`, `harness` and `helpers` packages, uploaded with the
       job, so that training functions can import them on nodes where the project is not installed.
     """
+    import basics
     import harness
-    import helpers
     from harness.tracking import OFFLINE_ENV, TRACKING_ENV_VARS, TRACKING_SECRET_VARS
 
     passed = (*HUB_ENV_VARS, *TRACKING_ENV_VARS, "TORCHINDUCTOR_COMPILE_THREADS")
@@ -304,13 +302,21 @@ def job_runtime_env(attach: bool) -> dict:
         for field in set(job) & {"worker_process_setup_hook", "py_modules"}:
             runtime_env.pop(field, None)
     if attach and not (job or {}).get("working_dir"):  # a job's working_dir ships both already
-        runtime_env["py_modules"] = [helpers, harness]
+        runtime_env["py_modules"] = [basics, harness, _package_folder("helpers")]
     return runtime_env
+
+
+def _package_folder(name: str) -> str:
+    """The folder of the project's package `name`, found without importing it (`helpers`, the layer above
+    this one, imports `harness`)."""
+    import importlib.util
+
+    return importlib.util.find_spec(name).submodule_search_locations[0]
 
 
 def _job_runtime_env() -> dict | None:
     """In the driver of a submitted Ray Job (`ray job submit`): the job's runtime environment (e.g. its
-    `working_dir`, which holds this project's `helpers` and `harness`, and its `env_vars`); None outside a job. Ray
+    `working_dir`, which holds this project's packages, and its `env_vars`); None outside a job. Ray
     merges it with the one `ray.init` is given and raises on a field, or a variable, set in both."""
     import json
 
@@ -547,303 +553,3 @@ def check_resources(
         warnings.warn(message + " (LLM_NOTEBOOKS_AUTOSCALING=1: waiting for the autoscaler.)", stacklevel=2)
         return
     raise ResourceRequestError(message)
-
-
-def _on_every_node(check, *args, use_gpu: bool = False) -> dict[str, object]:
-    """Run the function `check(*args)` once on every alive node that can run a worker (with a GPU if
-    `use_gpu`, else with a CPU), as a Ray task pinned to the node; return {"address node-id": its result}.
-
-    Used by the node-by-node checks before `fit()`: `prefetch_model_on_nodes` and
-    `check_storage_from_nodes`. On a Ray this notebook started on this machine (no `RAY_ADDRESS`), the one
-    node is this process's and its workers inherit this environment: the check runs here, without starting
-    a worker process for it (about 1 s of both cores on a laptop).
-    """
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = alive_nodes(use_gpu)
-    if not nodes:  # an autoscaling cluster before its first node of that kind
-        return {}
-    labels = [n["NodeManagerAddress"] + " " + n["NodeID"][:8] for n in nodes]
-    here = ray.get_runtime_context().get_node_id()
-    if not os.environ.get("RAY_ADDRESS") and [n["NodeID"] for n in nodes] == [here]:
-        return {labels[0]: check(*args)}
-    task = ray.remote(num_cpus=0)(check)
-    refs = [
-        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            *args
-        )
-        for n in nodes
-    ]
-    return dict(zip(labels, ray.get(refs), strict=True))
-
-
-def check_storage_from_nodes(name: str, value: str, use_gpu: bool = False) -> int:
-    """Write and delete a test object in `value` from every node that runs a worker (those with a GPU where
-    `use_gpu`: a cluster's CPU-only node groups need not mount it) and from this driver's; return how many nodes.
-
-    Checkpoints are written by the workers, not by the notebook, and Ray does not send the driver's
-    environment to them: a node without the bucket's credentials (instance credentials on a real
-    cluster, the AWS_* variables here) fails only when its first checkpoint is uploaded, minutes or
-    hours in. This finds it before `fit()`. A local folder must be one folder on every node
-    (`_check_shared_folder`).
-    """
-    from harness.storage import is_uri
-    from helpers.validate import ParameterError
-
-    if not is_uri(value) or value.startswith("file://"):
-        # `~` as Ray Train's pyarrow expands it: the home folder, not a folder named `~` here.
-        return _check_shared_folder(name, os.path.expanduser(value.removeprefix("file://")), use_gpu)
-
-    nodes = _on_every_node(_probe_storage, value, use_gpu=use_gpu)
-    answers = {"this notebook's machine": _probe_storage(value), **{f"node {k}": v for k, v in nodes.items()}}
-    failed = {node: error for node, error in answers.items() if error}
-    if failed:
-        lines = "; ".join(f"{node}: {error}" for node, error in failed.items())
-        raise ParameterError(
-            f"{name}={value!r}: {len(failed)} of {len(answers)} (Ray nodes and this notebook's machine) cannot "
-            f"write there ({lines}). "
-            "Workers write the checkpoints, so every node needs the bucket's credentials: instance "
-            "credentials, or the AWS_* variables in each node's environment when it was started."
-        )
-    return len(nodes)
-
-
-def _compile_prerequisites() -> str | None:
-    """What `torch.compile` on a GPU needs and this node lacks (None: nothing): Triton builds each kernel's
-    launcher with a C compiler and Python's headers when it first runs it."""
-    import importlib.util
-    import shutil
-    import sysconfig
-
-    missing = []
-    compiler = (os.environ.get("CC") or "").split()
-    if not (shutil.which(compiler[0]) if compiler else any(shutil.which(c) for c in ("cc", "gcc", "clang"))):
-        missing.append("a C compiler (cc, gcc or clang, or $CC)")
-    include = sysconfig.get_paths().get("include", "")
-    if not os.path.exists(os.path.join(include, "Python.h")):
-        missing.append(f"Python's headers ({include}/Python.h)")
-    if importlib.util.find_spec("triton") is None:
-        missing.append("the triton package")
-    return ", ".join(missing) or None
-
-
-def compile_missing_on_nodes(use_gpu: bool = True) -> dict[str, str]:
-    """{node: what it lacks} for `torch.compile`, on the nodes that run workers; empty where all have it."""
-    return {
-        node: lacks
-        for node, lacks in _on_every_node(_compile_prerequisites, use_gpu=use_gpu).items()
-        if lacks
-    }
-
-
-def _probe_storage(uri: str) -> str | None:
-    """Write, read back and delete a small object at `uri` (on the node this runs on); why not, or None."""
-    import pyarrow.fs as pafs
-
-    from harness.storage import write_probe
-
-    try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-        write_probe(fs, path)
-    except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-# What a node writes to measure the storage's rate: about a checkpoint file's size, far from a 70B one, so an
-# upper bound (a node's cache and a bucket's first bytes are the fastest).
-RATE_PROBE_BYTES = 1 << 30
-
-
-def _storage_rate(uri: str, total_bytes: int) -> float | str:
-    """Bytes per second this node writes to `uri` in a rank's `STREAMS` streams (`harness.storage.write_rate`),
-    or why it could not."""
-    import pyarrow.fs as pafs
-
-    from harness.storage import STREAMS, is_uri, write_rate
-
-    try:
-        if is_uri(uri) and not uri.startswith("file://"):
-            fs, path = pafs.FileSystem.from_uri(uri)
-        else:
-            fs, path = pafs.LocalFileSystem(), os.path.expanduser(uri.removeprefix("file://"))
-        return write_rate(fs, path, total_bytes, STREAMS)
-    except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
-        return f"{type(exc).__name__}: {exc}"
-
-
-def storage_rates_on_nodes(uri: str, use_gpu: bool, total_bytes: int = RATE_PROBE_BYTES) -> dict[str, object]:
-    """{node: bytes per second (or why not)} each node that runs workers writes to `uri`, one node at a time
-    (nodes sharing a link or an NFS server would otherwise measure each other)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0)(_storage_rate)
-    rates = {}
-    for node in alive_nodes(use_gpu):
-        pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        label = node["NodeManagerAddress"] + " " + node["NodeID"][:8]
-        rates[label] = ray.get(task.options(scheduling_strategy=pinned).remote(uri, total_bytes))
-    return rates
-
-
-def _read_marker(path: str, token: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read() == token
-    except OSError:
-        return False
-
-
-def _check_shared_folder(name: str, folder: str, use_gpu: bool = False) -> int:
-    """A local `STORAGE_PATH` is one folder on every node (NFS, Anyscale's /mnt/cluster_storage), or each
-    node keeps its own checkpoint shards and the first resume fails, hours in (Ray does not check a folder
-    the workers write themselves). This notebook writes a marker there and every node must read it back;
-    return how many nodes did."""
-    import uuid
-
-    from helpers.validate import ParameterError
-
-    token = uuid.uuid4().hex
-    marker = os.path.join(folder, f".llm-notebooks-shared-{token}")
-    os.makedirs(folder, exist_ok=True)
-    with open(marker, "w", encoding="utf-8") as f:
-        f.write(token)
-    try:
-        answers = _on_every_node(_read_marker, marker, token, use_gpu=use_gpu)
-    finally:
-        os.remove(marker)
-    missing = sorted(node for node, seen in answers.items() if not seen)
-    if missing:
-        raise ParameterError(
-            f"{name}={folder!r}: {len(missing)} of {len(answers)} Ray nodes do not see this folder's files "
-            f"({', '.join(missing)}): each would keep its own checkpoints, and resuming would fail. Use a folder "
-            "every node shares (NFS; /mnt/cluster_storage on Anyscale) or a bucket (s3://...)."
-        )
-    return len(answers)
-
-
-def _gpu_memory_bytes() -> int | None:
-    """The smallest GPU's memory on this node, as its driver reports it (`nvidia-smi`); None without one."""
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-        return min(int(line) for line in out.split()) * 2**20
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
-
-
-def check_gpus_match_cluster(p: dict) -> int:
-    """The plan counted the GPUs of `CLUSTER`; the nodes have what they have. Fail, naming `CLUSTER`, where a
-    GPU node's GPUs have less memory than the plan's (16 A100-40GB planned as the default's A100-80GB would
-    fail after the weights' download). Returns how many GPU nodes were checked."""
-    from helpers.plan import NODE_TYPES
-    from helpers.validate import ParameterError
-
-    types = [NODE_TYPES[t] for t in (p.get("CLUSTER") or {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
-    if not p.get("USE_GPU") or not types:
-        return 0
-    planned = min(types, key=lambda t: t.gpu_memory)
-    answers = _on_every_node(_gpu_memory_bytes, use_gpu=True)
-    # nvidia-smi counts a little more than torch (80 GiB against 79.2 on an A100-80GB): 5 % of room
-    short = {node: have for node, have in answers.items() if have and have < 0.95 * planned.gpu_memory}
-    if short:
-        found = ", ".join(f"{node}: {have / 2**30:.0f} GiB" for node, have in sorted(short.items()))
-        raise ParameterError(
-            f"CLUSTER={p['CLUSTER']!r}: the plan counts {planned.gpu} GPUs of {planned.gpu_memory / 2**30:.1f} "
-            f"GiB, but {len(short)} of this cluster's {len(answers)} GPU node(s) have less ({found}). Set CLUSTER "
-            "to the node type you have, so that the plan counts its GPUs."
-        )
-    return len(answers)
-
-
-def local_disk_shortfall(needs: dict[str, int], model_name: str = "") -> list[str]:
-    """On this node: where the run's local files go and whether the disk under each has room for them.
-
-    `needs`: bytes per destination, "hub cache" (the Hub download: nothing if `model_name` is a folder or
-    already cached here) and "temp" (staged checkpoints and the export, in `tempfile.gettempdir()`). Two
-    destinations on one filesystem add up. Returns one line per filesystem that is short, else [].
-    """
-    import tempfile
-
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    need = dict(needs)
-    if (
-        not model_name
-        or os.path.isdir(model_name)
-        or isinstance(try_to_load_from_cache(model_name, "config.json"), str)
-    ):
-        need["hub cache"] = 0  # a folder, or already in this node's cache
-    folders = {"hub cache": constants.HF_HUB_CACHE, "temp": tempfile.gettempdir()}
-    by_disk: dict[int, list] = {}
-    for what, folder in folders.items():
-        existing = next(p for p in [Path(folder), *Path(folder).parents] if p.exists())
-        entry = by_disk.setdefault(os.stat(existing).st_dev, [existing, 0, []])
-        entry[1] += need.get(what, 0)
-        entry[2].append(f"{what} {folder}")
-    short = []
-    for existing, bytes_needed, names in by_disk.values():
-        free = shutil.disk_usage(existing).free
-        if bytes_needed > free:
-            short.append(
-                f"{' and '.join(names)}: needs {bytes_needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
-            )
-    return short
-
-
-def check_local_disk_on_nodes(needs: dict[str, int], model_name: str, use_gpu: bool) -> int:
-    """Refuse a run whose local files would not fit where they are written, on any node that can run a
-    worker (`local_disk_shortfall` there); return how many nodes were checked.
-
-    The plan's disk row compares with an instance type's local disk, but the files go to the Hugging Face
-    cache (`HF_HOME`) and the temp folder (`TMPDIR`), often a small root volume or a container's overlay:
-    an ENOSPC after hours of training. This finds it before the download starts.
-    """
-    from helpers.validate import ParameterError
-
-    answers = _on_every_node(local_disk_shortfall, needs, model_name, use_gpu=use_gpu)
-    short = {node: lines for node, lines in answers.items() if lines}
-    if short:
-        lines = "; ".join(f"node {node}: {', '.join(found)}" for node, found in short.items())
-        raise ParameterError(
-            f"Not enough local disk for the run's files ({lines}). Point HF_HOME and TMPDIR at a larger disk "
-            "on every node (the instance's NVMe, e.g. /mnt/local_storage) before Ray starts, or free space."
-        )
-    return len(answers)
-
-
-def prefetch_model_on_nodes(name: str, model_name: str, use_gpu: bool) -> dict[str, float]:
-    """Put `model_name`'s files on every node that can run a worker, before `fit()`; return seconds per node.
-
-    Rank 0 loads the pretrained weights while every other rank waits in the first collective. If that
-    load starts with a 138 GB download, the wait can outlast the collective timeout (Ray Train's
-    `TorchConfig(timeout_s=1800)`). Downloading here, in parallel on each node and with no timeout
-    running, leaves rank 0 only the read from the node's Hugging Face cache. A local folder is checked
-    instead: every node must see it (a folder on the head node only is a mistake found here, not in
-    a worker). Used by `harness.checks.check_cluster` for the Llama notebook.
-    """
-    from helpers.validate import ParameterError
-
-    def fetch(model: str) -> tuple[float, str | None]:
-        try:
-            return fetch_model(model), None
-        except Exception as exc:  # noqa: BLE001 - reported to the driver with the node's address
-            return 0.0, f"{type(exc).__name__}: {exc}"
-
-    answers = _on_every_node(fetch, model_name, use_gpu=use_gpu)
-    failed = {node: error for node, (_, error) in answers.items() if error}
-    if failed:
-        lines = "; ".join(f"node {node}: {error}" for node, error in failed.items())
-        raise ParameterError(
-            f"{name}={model_name!r}: {len(failed)} of {len(answers)} nodes cannot get it ({lines})."
-        )
-    return {node: seconds for node, (seconds, _) in answers.items()}

@@ -349,10 +349,10 @@ def lose_node(watch, after_step: int, back_after_steps: int, cluster: LaptopClus
 
 def section_costs(namespace: dict) -> dict[str, float] | None:
     """Each section's GPU cost at full scale (the notebook's defaults, even in smoke mode), in USD
-    (`helpers.cost.run_cost`), from the plan's step time at the post's speed: STEPS_PER_SECTION steps, plus
+    (`basics.cost.run_cost`), from the plan's step time at the post's speed: STEPS_PER_SECTION steps, plus
     the steps a section repeats, plus the time its restarts wait (the notice's deadline). None on CPUs."""
-    from helpers.cost import run_cost
-    from helpers.sizing import cluster_step_seconds, full_scale
+    from basics.cost import run_cost
+    from harness.sizing import cluster_step_seconds, full_scale
 
     p = full_scale(namespace)
     step_s = cluster_step_seconds(p)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from helpers.glue import GLUE_TASKS
+from basics.glue import GLUE_TASKS
 
 from .cache import build_once
 

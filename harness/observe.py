@@ -271,7 +271,7 @@ class Observer(_ObserverBase):
     def _hook(self) -> None:
         if self.model is None or hasattr(self.model, "zero_optimization_stage"):
             return
-        from helpers.fsdp import frozen_fingerprint
+        from basics.sharding import frozen_fingerprint
 
         self.model.register_forward_pre_hook(self._count)
         if self.optimizer is not None:
@@ -283,7 +283,7 @@ class Observer(_ObserverBase):
         self.micro_steps += 1
 
     def _gradients(self, optimizer, args, kwargs) -> None:  # once, before the attempt's first update
-        from helpers.fsdp import gradient_bytes
+        from basics.sharding import gradient_bytes
 
         self._pre_step.remove()
         self.grad_bytes = self._safely("measuring the gradients", gradient_bytes, self.model)
@@ -293,9 +293,9 @@ class Observer(_ObserverBase):
         if self.model is not None and "partition_fraction" not in facts:
             import torch
 
-            from helpers.flops import dense_peak_flops
-            from helpers.fsdp import param_shard_fraction
-            from helpers.plan import state_bytes
+            from basics.flops import dense_peak_flops
+            from basics.plan import state_bytes
+            from basics.sharding import param_shard_fraction
 
             params = list(self.model.parameters())
             total = sum(p.numel() for p in params)  # a DTensor's numel() is the whole parameter's
@@ -332,7 +332,7 @@ class Observer(_ObserverBase):
             facts = self._safely("measuring the model", self._facts) or dict(self.given)
             self._safely("the run log", self._send_facts, facts)
         if self.frozen is not None and step == self.watch.total_steps:
-            from helpers.fsdp import frozen_tensors_changed
+            from basics.sharding import frozen_tensors_changed
 
             changed = self._safely(
                 "checking the frozen weights", frozen_tensors_changed, self.model, self.frozen
@@ -374,7 +374,7 @@ def lightning_observer(watch: Watch):
             self.num_params = sum(p.numel() for p in pl_module.parameters())
 
         def on_train_start(self, trainer, pl_module) -> None:
-            from helpers.fsdp import param_shard_fraction
+            from basics.sharding import param_shard_fraction
 
             def facts() -> dict:
                 return {
@@ -395,7 +395,7 @@ def lightning_observer(watch: Watch):
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if not self.measured:  # after the first step: what this rank's shards hold, against the plan
-                from helpers.plan import state_bytes
+                from basics.plan import state_bytes
 
                 self.measured = True
                 held = self._safely("measuring the shards", state_bytes, trainer.model, trainer.optimizers[0])
@@ -444,7 +444,7 @@ def _model_facts(model) -> dict:
     if model is None:
         return {}
     if hasattr(model, "zero_optimization_stage"):  # a DeepSpeed engine
-        from helpers.sharding import zero_partition_fraction, zero_state_bytes
+        from basics.sharding import zero_partition_fraction, zero_state_bytes
 
         return {"partition_fraction": zero_partition_fraction(model), "state_bytes": zero_state_bytes(model)}
     return {}

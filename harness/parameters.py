@@ -2,7 +2,8 @@
 
 Used by the "Set up" cell of every notebook (`smoke_overrides`, through `helpers.use_smoke_values` and the
 cell's own table; `check_parameter_names` through `harness.checks.check_parameters`), by the results cell
-(`parameter_values`), and by `make plan` and the tests (`parameter_cells`).
+(`parameter_values`). `make plan` and the tests read a notebook's parameters cells with
+`basics.notebook_files.parameter_cells`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ import ast
 import difflib
 import json
 
+from basics.validate import ParameterError
 from harness.storage import redact
-from helpers.validate import ParameterError
 
 __all__ = [
-    "parameter_cells",
     "check_parameter_names",
     "parameter_values",
     "smoke_overrides",
@@ -33,17 +33,6 @@ RENAMED = {
     "MODEL_CHECKPOINT": "MODEL_NAME",
     "TUTORIAL_STEPS": "MAX_STEPS_PER_EPOCH",
 }
-
-
-def parameter_cells(path) -> tuple[str, list[str]]:
-    """A notebook file's parameters, as papermill and `make plan` see them: the source of every code cell up
-    to the one tagged `parameters` (the lesson's knobs, then the run settings), joined; and the sources of
-    the code cells after it (the Set up cells first)."""
-    with open(path, encoding="utf-8") as f:
-        cells = [c for c in json.load(f)["cells"] if c["cell_type"] == "code"]
-    sources = ["".join(c["source"]) for c in cells]
-    tagged = next(i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", []))
-    return "\n\n".join(sources[: tagged + 1]), sources[tagged + 1 :]
 
 
 def _history() -> list[str]:

@@ -25,6 +25,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from basics.checkpoints import COLLECTIVE_SHARE, STREAM_FILE_BYTES, STREAMS
+from basics.validate import ParameterError
+
 __all__ = [
     "redact",
     "check_storage_path",
@@ -89,30 +92,6 @@ def write_probe(fs, path: str) -> None:
     fs.delete_file(probe)
 
 
-def write_rate(fs, path: str, total_bytes: int, streams: int) -> float:
-    """Write `total_bytes` under `path` in `streams` files at once, as a rank writes a checkpoint's files,
-    then delete them; the bytes per second. Random bytes, so that no store compresses them away."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    folder = f"{path.rstrip('/')}/.write-rate-{uuid.uuid4().hex[:8]}"
-    fs.create_dir(folder, recursive=True)
-    chunk = os.urandom(min(8 << 20, max(1, total_bytes // streams)))
-    per_stream = total_bytes // streams
-
-    def write(i: int) -> None:
-        with fs.open_output_stream(f"{folder}/{i}") as f:
-            for start in range(0, per_stream, len(chunk)):
-                f.write(chunk[: per_stream - start])
-
-    began = time.monotonic()
-    try:
-        with ThreadPoolExecutor(streams) as pool:
-            list(pool.map(write, range(streams)))
-        return per_stream * streams / (time.monotonic() - began)
-    finally:
-        fs.delete_dir(folder)
-
-
 def _custom_endpoint(value: str) -> tuple[str, str] | None:
     """`(endpoint, where it was set)` for an S3 URI with its own endpoint; None for AWS itself or another store."""
     if "endpoint_override=" in value:
@@ -126,8 +105,6 @@ def _check_endpoint_answers(name: str, value: str, endpoint: str, where: str) ->
     """A custom S3 endpoint that does not accept connections fails in seconds (pyarrow retries for 15 s)."""
     import socket
     from urllib.parse import urlsplit
-
-    from helpers.validate import ParameterError  # here: helpers imports this module
 
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -146,8 +123,6 @@ def check_storage_path(name: str, value: str) -> str:
     """
     import pyarrow as pa
     import pyarrow.fs as pafs
-
-    from helpers.validate import ParameterError  # here: helpers imports this module
 
     if not isinstance(value, str) or not value:
         raise ParameterError(f"{name}={value!r}: must be {SCHEMES}.")
@@ -279,16 +254,6 @@ STALL_S = 60.0
 LIST_S = 10.0  # a listing made only to measure (what a resume read of its checkpoint)
 MIN_WRITE_RATE = 10e6  # bytes/s, far below what one process writes to S3, GCS or NFS
 WRITE_TRIES = 5
-# A rank writes STREAMS files of a checkpoint at once, and reads STREAMS byte ranges at once: one stream
-# to an object store is far slower than the node's network (at 70B a rank's 52 GB one file after another
-# would take 17 min at 50 MB/s). The plan states a checkpoint's time at STREAM_RATE per stream, an assumption
-# (yours: the time between two steps around a checkpoint in the run log).
-STREAMS = 4
-STREAM_RATE = 50e6  # bytes/s per stream
-# A save or a load must end within this share of the process group's timeout (`COLLECTIVE_TIMEOUT_S`):
-# the other ranks wait for this one in DCP's next collective, and past the timeout the watchdog kills
-# them. A slow rank fails first, with `StorageStalled` saying why, and the checkpoint is not registered.
-COLLECTIVE_SHARE = 0.8
 _ABANDONED: dict = {}  # writing thread -> the Event set when its try is given up
 
 
@@ -330,13 +295,6 @@ class _Abandonable:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
-
-
-# The most bytes of tensors in one file of a streamed checkpoint. torch's writer keeps every tensor of a
-# file on the host until the file is closed (`_write_files_from_queue` in
-# torch/distributed/checkpoint/filesystem.py), and pyarrow's S3 stream buffers the parts it has not
-# uploaded yet: several files per rank bound both by this, instead of the rank's whole shard.
-STREAM_FILE_BYTES = 1 << 30
 
 
 def with_deadline(

@@ -155,7 +155,7 @@ def configure() -> str:
 def check_tracking() -> str:
     """Fail now, naming `MLFLOW_TRACKING_URI`, if runs could not be tracked: credentials written into the
     URI, or a tracking server that does not answer within 5 s. Returns the URI (credentials masked)."""
-    from helpers.validate import ParameterError
+    from basics.validate import ParameterError
 
     uri = tracking_uri()
     shown = _shown(uri)
@@ -227,7 +227,7 @@ def check_tracking_from_nodes() -> None:
     runs on the head node. Fail, naming `MLFLOW_TRACKING_URI`, where it does not."""
     import ray
 
-    from helpers.validate import ParameterError
+    from basics.validate import ParameterError
 
     uri = tracking_uri()
     if not _is_local(uri):

@@ -1,32 +1,33 @@
-"""What the lessons call: the Set up call, checkpoints in storage, FSDP and ZeRO pieces, the "Will it fit?"
-planner (`plan`, `sizing`, `cost`), meters and plots.
+"""What the lessons call: the top floor of three, and the only one a notebook names.
 
-The distributed ideas themselves (ZeRO configs, FSDP policies, training loops) stay in the notebooks. The
-names below are the ones the notebooks call; everything else lives in its module (`helpers.storage`,
-`helpers.plan`, ...). The run machinery behind them (the Set up cell's checks, starting Ray, storage
-deadlines, the observers, MLflow tracking, results, smoke mode) is the `harness` package; the names the
-notebooks call from it (`watch`, the observers, `show_run`, `write_results`, `drills`) are here too.
+- `helpers` (here): the Set up call (`check_parameters`, `ray_init_args`, `check_cluster`), the recipes'
+  code that more than one notebook runs (`llama_recipe`, `fsdp`'s Lightning strategy, `zero_checkpoint`),
+  plots, and the names the notebooks call from the floors below.
+- `harness`, the run machinery: the checks behind Set up, starting and attaching to Ray, storage with
+  deadlines (`storage`), the observers and the run log (`watch`), MLflow (`show_run`), results, smoke mode,
+  the drills of `operating_a_run` (`drills`), the notebooks' rules and the "will it fit?" plans (`sizing`).
+- `basics`, which imports nothing else of the project: parameter validation (`ParameterError`), the
+  planner's arithmetic (`plan`, `run_cost`), the meters (`PeakRSS`, `GlueMetric`), the cluster's nodes
+  (`cluster`).
+
+Each floor imports only the floors below it (a test holds them to it). The distributed ideas themselves (ZeRO
+configs, FSDP policies, training loops) stay in the notebooks.
 """
 
-from harness import drills
+from basics import cluster, plan
+from basics.cluster import gpus_for_one_task
+from basics.cost import run_cost
+from basics.glue import GLUE_TASKS
+from basics.memory import PeakRSS
+from basics.metrics import GlueMetric
+from basics.validate import ParameterError, check_packed, choose_attention
+from harness import drills, sizing, storage
 from harness.cache import local_storage
 from harness.observe import Observer, lightning_observer, trainer_observer, watch
 from harness.results import write_results
 from harness.tracking import show_run
 
-from . import (
-    cluster,
-    fsdp,
-    plan,
-    sizing,
-    storage,
-    zero_checkpoint,
-)
-from .cluster import gpus_for_one_task
-from .cost import run_cost
-from .glue import GLUE_TASKS
-from .memory import PeakRSS
-from .metrics import GlueMetric
+from . import fsdp, zero_checkpoint
 from .notebook import (
     check_cluster,
     check_parameters,
@@ -36,7 +37,6 @@ from .notebook import (
     use_smoke_values,
 )
 from .plots import plot_losses
-from .validate import ParameterError, check_packed, choose_attention
 from .zero_checkpoint import fetch_zero_checkpoint
 
 

@@ -33,13 +33,7 @@ import contextlib
 import io
 from typing import Any
 
-__all__ = [
-    "LIGHTNING_PRECISIONS",
-    "fsdp_strategy_class",
-    "gradient_bytes",
-    "param_shard_fraction",
-    "frozen_tensors_changed",
-]
+__all__ = ["fsdp_strategy_class"]
 
 
 def fsdp_strategy_class(base):
@@ -139,85 +133,3 @@ def _load_sharded_in_place(self, folder, weights_only) -> dict[str, Any]:
         meta = f.read()
     folder.bytes_read = reader.bytes_read + len(meta)
     return torch.load(io.BytesIO(meta), weights_only=weights_only)
-
-
-def param_shard_fraction(wrapped_model, total_numel: int) -> float:
-    """Parameter elements this rank holds locally after FSDP wrapped the model / all of the model's.
-
-    About `1 / world_size` with FULL_SHARD; 1.0 means every rank holds a full copy (DDP). Works for
-    FSDP1 (flat parameters hold the local shard) and FSDP2 (each parameter is a `DTensor`, whose
-    `numel()` is the global size; its `to_local()` is what this rank holds).
-    """
-    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in wrapped_model.parameters())
-    return local / total_numel
-
-
-def gradient_bytes(model) -> int:
-    """Bytes of gradients this rank holds now: its gradient shards, plus any whole (unsharded) gradient
-    FSDP2 keeps for a layer whose reduce-scatter was skipped.
-
-    Used by the Llama notebook's `train_step` after each micro-step. With gradient sync off
-    (`set_requires_gradient_sync(False)`, "no_sync") FSDP2 keeps each layer's full gradient, in
-    `reduce_dtype`, until a micro-step with sync on reduce-scatters it: 4 bytes x every parameter at once
-    for fp32, not `1 / world_size` of it. Those live in FSDP2's own state, not in `param.grad`
-    (`torch/distributed/fsdp/_fully_shard/_fsdp_param.py`, `to_accumulated_grad_if_needed`).
-    """
-
-    def size(t) -> int:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        return t.numel() * t.element_size()
-
-    total = sum(size(p.grad) for p in model.parameters() if p.grad is not None)
-    for module in model.modules():
-        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
-        for group in getattr(state, "_fsdp_param_groups", []):
-            for fsdp_param in group.fsdp_params:
-                if fsdp_param.unsharded_accumulated_grad is not None:
-                    total += size(fsdp_param.unsharded_accumulated_grad)
-                unsharded = getattr(fsdp_param, "_unsharded_param", None)
-                if unsharded is not None and unsharded.grad is not None:
-                    total += size(unsharded.grad)
-    return total
-
-
-# The `precision=` strings Lightning accepts (`lightning.fabric.connector._PRECISION_INPUT_STR`), listed
-# here so that checking a parameter does not import Lightning (seconds); a test keeps the two equal.
-LIGHTNING_PRECISIONS = (
-    "transformer-engine",
-    "transformer-engine-float16",
-    "16-true",
-    "16-mixed",
-    "bf16-true",
-    "bf16-mixed",
-    "32-true",
-    "64-true",
-)
-
-
-def frozen_fingerprint(model) -> list[int]:
-    """For each frozen parameter (LoRA's base), the sum of the bytes of this rank's shard: a change to any
-    weight changes it. Cheap enough to take at 70B (one pass over the shards, no copy)."""
-    import torch
-
-    def local(p):
-        return p.to_local() if hasattr(p, "to_local") else p
-
-    return [
-        int(local(p).detach().contiguous().view(torch.uint8).sum(dtype=torch.int64))
-        for p in model.parameters()
-        if not p.requires_grad
-    ]
-
-
-def frozen_tensors_changed(model, before: list[int]) -> int:
-    """How many frozen tensors differ from `frozen_fingerprint`'s `before`, summed over all ranks."""
-    import torch
-    import torch.distributed as dist
-
-    after = frozen_fingerprint(model)
-    device = next(model.parameters()).device  # NCCL reduces only tensors on the GPU; gloo, on the CPU
-    changed = sum(a != b for a, b in zip(before, after, strict=True))
-    changed = torch.tensor(changed, dtype=torch.int64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(changed)  # gloo and NCCL both sum
-    return int(changed)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 
+from harness import checks, cluster, cpu_bf16, parameters, results
+
 __all__ = [
     "use_smoke_values",
     "check_parameters",
@@ -23,8 +25,6 @@ def use_smoke_values(namespace: dict, table: dict[str, tuple]) -> None:
     default, laptop value)`; a parameter still at its default takes the laptop value, one you set or passed
     with papermill's `-p` stays (a table of both is printed). On a CPU without bf16 instructions, bf16 matrix
     products then run in fp32, rounded to bf16 (`harness.cpu_bf16`)."""
-    from harness import cpu_bf16, parameters
-
     namespace.update(parameters.smoke_overrides(namespace, table))
     if cpu_bf16.install():  # and in each Ray worker, by the job's setup hook
         print("  This CPU has no bf16 instructions: bf16 matrix products run in fp32, rounded to bf16.")
@@ -35,8 +35,6 @@ def check_parameters(notebook: str, namespace: dict):
     a run that will not fit fails here, naming the parameter and what is allowed
     (`harness.checks.check_parameters`). Starts the run's clock; returns the "will it fit?" plan (None for
     a notebook without one)."""
-    from harness import checks, cluster, results
-
     results.start_clock(notebook)
     gc.set_threshold(*cluster.GC_THRESHOLD)  # the imports to come: about a fifth faster (see there)
     return checks.check_parameters(notebook, namespace)
@@ -45,16 +43,14 @@ def check_parameters(notebook: str, namespace: dict):
 def check_cluster(notebook: str, namespace: dict, plan=None) -> None:
     """After `ray.init`: room for the workers, storage every node can write, the weights on every node
     (`harness.checks.check_cluster`)."""
-    from harness import checks
 
-    checks.check_cluster(notebook, {**namespace, "plan": plan})
+    checks.check_cluster(notebook, namespace, plan)
 
 
 def ray_init_args(**init_kwargs) -> dict:
     """The arguments of the Set up cell's `ray.init`: the cluster to attach to (`RAY_ADDRESS`, or the one
     `ray start` runs on this machine) or a local Ray's CPUs, and every worker's runtime environment
     (`harness.cluster.ray_init_args`)."""
-    from harness import cluster
 
     return cluster.ray_init_args(**init_kwargs)
 
@@ -62,7 +58,6 @@ def ray_init_args(**init_kwargs) -> dict:
 def ray_log_file(notebook: str):
     """Around the Set up cell's `ray.init`: Ray's start-up messages and the workers' output go to a log file,
     which the line printed after it names (`harness.cluster.ray_log_file`)."""
-    from harness import cluster
 
     return cluster.ray_log_file(notebook)
 
@@ -70,6 +65,5 @@ def ray_log_file(notebook: str):
 def parameter_values(namespace: dict) -> dict:
     """Every parameter's value as the run used it (after smoke mode), credentials redacted: for the results
     file (`harness.parameters.parameter_values`)."""
-    from harness import parameters
 
     return parameters.parameter_values(namespace)

@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from .validate import ParameterError
+from basics.validate import ParameterError
 
 __all__ = [
     "fetch_zero_checkpoint",

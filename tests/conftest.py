@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 
 import pytest
+from jupyterlab_runs import LabRun, jupyterlab_run
 from notebook_runs import (
     ARTIFACTS,
     CANARY_HF_TOKEN,
@@ -25,8 +26,6 @@ from notebook_runs import (
     CANARY_STORAGE_SECRET,
     GUARD_LOG,
     ROOT,
-    LabRun,
-    jupyterlab_run,
     secret_leaks,
     smoke_nbval,
     start_cluster,

@@ -17,7 +17,7 @@ def gradient_bytes_rank(rank: int, port: int, results) -> None:
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from helpers.fsdp import gradient_bytes
+    from basics.sharding import gradient_bytes
 
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)

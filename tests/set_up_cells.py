@@ -35,7 +35,7 @@ def _stop_before_ray(*args, **kwargs):
 
 def first_cells(notebook: str) -> tuple[str, str]:
     """The parameters cells' source, and the Set up cell's (the next code cell)."""
-    from harness.parameters import parameter_cells
+    from basics.notebook_files import parameter_cells
 
     parameters, after = parameter_cells(NOTEBOOKS / f"{notebook}.ipynb")
     set_up = after[0]

@@ -263,7 +263,7 @@ def test_local_disk_is_checked_where_the_hub_cache_and_temp_folder_are(tmp_path,
 
     from huggingface_hub import constants
 
-    from harness.cluster import local_disk_shortfall
+    from harness.nodes import local_disk_shortfall
 
     hub, temp = tmp_path / "hf" / "hub", tmp_path / "tmp"
     temp.mkdir()
@@ -332,7 +332,7 @@ def test_an_export_upload_has_a_deadline(tmp_path, monkeypatch):
 def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeypatch):
     # /mnt/cluster_storage/ passes wherever /mnt is writable; each node keeping its own shards would fail the
     # first resume, after hours. The notebook writes a marker, and every node must read it back.
-    from harness import cluster
+    from harness import nodes
 
     seen = {}
 
@@ -340,22 +340,22 @@ def test_a_local_storage_path_must_be_one_folder_on_every_node(tmp_path, monkeyp
         seen["here"] = check(*args)  # this machine sees what it wrote
         return {"10.0.0.1 head": seen["here"], "10.0.0.2 worker": check(str(tmp_path / "elsewhere"), args[1])}
 
-    monkeypatch.setattr(cluster, "_on_every_node", every_node)
+    monkeypatch.setattr(nodes, "_on_every_node", every_node)
     with pytest.raises(
         helpers.ParameterError, match=r"STORAGE_PATH=.*1 of 2 Ray nodes do not see .*10.0.0.2"
     ):
-        cluster.check_storage_from_nodes("STORAGE_PATH", str(tmp_path / "runs"))
+        nodes.check_storage_from_nodes("STORAGE_PATH", str(tmp_path / "runs"))
     assert seen["here"] is True and list((tmp_path / "runs").iterdir()) == []  # the marker is gone
     monkeypatch.setattr(
-        cluster, "_on_every_node", lambda check, *args, **kw: {"a": check(*args), "b": check(*args)}
+        nodes, "_on_every_node", lambda check, *args, **kw: {"a": check(*args), "b": check(*args)}
     )
-    assert cluster.check_storage_from_nodes("STORAGE_PATH", f"file://{tmp_path / 'runs'}") == 2
+    assert nodes.check_storage_from_nodes("STORAGE_PATH", f"file://{tmp_path / 'runs'}") == 2
 
 
 def test_a_storage_path_under_home_is_checked_where_ray_writes(tmp_path, monkeypatch):
     # Ray Train (pyarrow) expands `~`: the marker goes under the home folder too, never into a folder named
     # `~` beside the notebook, and every node reads it at that path.
-    from harness import cluster
+    from harness import nodes
 
     home, cwd = tmp_path / "home", tmp_path / "notebooks"
     home.mkdir(), cwd.mkdir()
@@ -367,8 +367,8 @@ def test_a_storage_path_under_home_is_checked_where_ray_writes(tmp_path, monkeyp
         read.append(path)
         return {"a": check(path, token), "b": check(path, token)}
 
-    monkeypatch.setattr(cluster, "_on_every_node", every_node)
-    assert cluster.check_storage_from_nodes("STORAGE_PATH", "~/ray_results") == 2
+    monkeypatch.setattr(nodes, "_on_every_node", every_node)
+    assert nodes.check_storage_from_nodes("STORAGE_PATH", "~/ray_results") == 2
     assert read[0].startswith(f"{home}/ray_results/") and (home / "ray_results").is_dir()
     assert list(cwd.iterdir()) == []  # no folder named `~`
 
@@ -376,15 +376,15 @@ def test_a_storage_path_under_home_is_checked_where_ray_writes(tmp_path, monkeyp
 def test_a_cluster_whose_gpus_are_smaller_than_the_plans_is_refused(monkeypatch):
     # Sixteen A100-40GB under the default {"p4de.24xlarge": 2}: the plan's 98 % of 80 GB passed, and the run
     # failed after the 138 GB download. Each GPU node says what its GPUs have (nvidia-smi, in a task there).
-    from harness import cluster
+    from harness import nodes
 
     p = {"USE_GPU": True, "CLUSTER": {"p4de.24xlarge": 2}}
-    monkeypatch.setattr(cluster, "_on_every_node", lambda check, **kw: {"a": 40 * 2**30, "b": 40 * 2**30})
+    monkeypatch.setattr(nodes, "_on_every_node", lambda check, **kw: {"a": 40 * 2**30, "b": 40 * 2**30})
     with pytest.raises(helpers.ParameterError, match=r"CLUSTER=.*A100-80GB.*2 of this cluster's 2 GPU node"):
-        cluster.check_gpus_match_cluster(p)
-    monkeypatch.setattr(cluster, "_on_every_node", lambda check, **kw: {"a": 80 * 2**30, "b": None})
-    assert cluster.check_gpus_match_cluster(p) == 2  # 80 GiB as nvidia-smi counts; a node that cannot tell
-    assert cluster.check_gpus_match_cluster({**p, "USE_GPU": False}) == 0
+        nodes.check_gpus_match_cluster(p)
+    monkeypatch.setattr(nodes, "_on_every_node", lambda check, **kw: {"a": 80 * 2**30, "b": None})
+    assert nodes.check_gpus_match_cluster(p) == 2  # 80 GiB as nvidia-smi counts; a node that cannot tell
+    assert nodes.check_gpus_match_cluster({**p, "USE_GPU": False}) == 0
 
 
 def test_measuring_a_resume_lists_the_bucket_with_a_deadline(monkeypatch):
@@ -451,7 +451,7 @@ def test_cluster_env_sets_its_values_and_runs_nothing_when_sourced(tmp_path):
 
 def test_the_bucket_is_probed_from_the_nodes_that_run_workers_and_the_driver(monkeypatch):
     # A cluster's CPU-only node group without the bucket's credentials refused a GPU run that never uses it.
-    from harness import cluster
+    from harness import nodes
 
     asked = {}
 
@@ -459,9 +459,9 @@ def test_the_bucket_is_probed_from_the_nodes_that_run_workers_and_the_driver(mon
         asked["use_gpu"] = use_gpu
         return {"10.0.0.2 gpu-node": None}
 
-    monkeypatch.setattr(cluster, "_on_every_node", every_node)
-    monkeypatch.setattr(cluster, "_probe_storage", lambda uri: None)  # this driver writes there
-    assert cluster.check_storage_from_nodes("STORAGE_PATH", "s3://bucket/runs", use_gpu=True) == 1
+    monkeypatch.setattr(nodes, "_on_every_node", every_node)
+    monkeypatch.setattr(nodes, "_probe_storage", lambda uri: None)  # this driver writes there
+    assert nodes.check_storage_from_nodes("STORAGE_PATH", "s3://bucket/runs", use_gpu=True) == 1
     assert asked["use_gpu"] is True  # the GPU nodes (and this driver)
 
 
@@ -511,17 +511,17 @@ def test_compiling_uses_sdpa_rather_than_flash_attention(capsys):
 def test_compiling_on_gpu_nodes_that_cannot_build_kernels_falls_back_to_eager(monkeypatch):
     # USE_COMPILE=True, the full-scale default, first tried at the first step after the 70B load: on an image
     # without a C compiler every attempt failed there.
-    from harness import checks, cluster
+    from harness import checks, nodes
 
     monkeypatch.setattr(
-        cluster, "_on_every_node", lambda check, use_gpu=False: {"10.0.0.2 gpu": "a C compiler"}
+        nodes, "_on_every_node", lambda check, use_gpu=False: {"10.0.0.2 gpu": "a C compiler"}
     )
     p = {"USE_COMPILE": True}
     with pytest.warns(UserWarning, match=r"USE_COMPILE=True -> False: 1 GPU node.*lacks a C compiler"):
         assert "eager" in checks.compile_or_eager(p)
     assert p["USE_COMPILE"] is False
-    monkeypatch.setattr(cluster, "_on_every_node", lambda check, use_gpu=False: {"10.0.0.2 gpu": check()})
-    monkeypatch.setattr(cluster, "_compile_prerequisites", lambda: None)
+    monkeypatch.setattr(nodes, "_on_every_node", lambda check, use_gpu=False: {"10.0.0.2 gpu": check()})
+    monkeypatch.setattr(nodes, "_compile_prerequisites", lambda: None)
     p = {"USE_COMPILE": True}
     assert "can build" in checks.compile_or_eager(p) and p["USE_COMPILE"] is True
 
@@ -532,9 +532,9 @@ def test_storage_too_slow_for_a_checkpoint_within_the_timeout_is_refused_before_
     import warnings
 
     from harness.checks import check_storage_rate
-    from harness.cluster import _storage_rate
+    from harness.nodes import storage_rate
 
-    rate = _storage_rate(str(tmp_path), 8 << 20)  # this node, 8 MiB in the rank's 4 streams
+    rate = storage_rate(str(tmp_path), 8 << 20)  # this node, 8 MiB in the rank's 4 streams
     assert isinstance(rate, float) and rate > 0 and not list(tmp_path.iterdir())  # measured, then deleted
     plan = {"checkpoint_rank_bytes": 51.7e9, "checkpoint_limit_seconds": 1440}
     with pytest.raises(

@@ -12,7 +12,7 @@ def test_precision_list_matches_lightning():
 
     from lightning.fabric.connector import _PRECISION_INPUT_STR
 
-    from helpers.fsdp import LIGHTNING_PRECISIONS
+    from basics.sharding import LIGHTNING_PRECISIONS
 
     assert set(LIGHTNING_PRECISIONS) == set(typing.get_args(_PRECISION_INPUT_STR))
 
@@ -20,7 +20,7 @@ def test_precision_list_matches_lightning():
 def test_param_shard_fraction_counts_local_elements():
     import torch
 
-    from helpers.fsdp import param_shard_fraction
+    from basics.sharding import param_shard_fraction
 
     half = torch.nn.Linear(4, 4, bias=False)  # 16 elements held, of a 32-element model
     assert param_shard_fraction(half, 32) == 0.5

@@ -6,9 +6,9 @@ Floors are set from measured smoke runs on the 2-core machine (in brackets), wel
 from __future__ import annotations
 
 import pytest
+from jupyterlab_runs import LAB_START_BUDGET_S
 from notebook_runs import (
     ARTIFACTS,
-    LAB_START_BUDGET_S,
     ROOT,
     SMOKE_BUDGET_S,
     SMOKE_RUN_KILL,
@@ -22,7 +22,7 @@ from notebook_runs import (
     run_as_job,
 )
 
-from helpers.glue import GLUE_TASKS
+from basics.glue import GLUE_TASKS
 
 NAME = "glue_text_classification"
 # The smoke settings are the run's own, from results["parameters"]; the comments quote today's smoke values.

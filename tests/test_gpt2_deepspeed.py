@@ -145,7 +145,7 @@ def test_zero_stages_and_offload_partition_optimizer_state(deepspeed_ops):
     """ZeRO-1/2, and ZeRO-3 with OFFLOAD="optimizer+params", on 2 CPU ranks: each holds half the state.
 
     The notebook runs them with `-p ZERO_STAGE 1` (or `-p OFFLOAD optimizer+params`); here the same
-    DeepSpeed mechanism and the notebook's proof (`helpers.sharding.zero_partition_fraction`) run without Ray, one
+    DeepSpeed mechanism and the notebook's proof (`basics.sharding.zero_partition_fraction`) run without Ray, one
     engine after another on the same two ranks. The offload case uses DeepSpeed's CPU Adam, built before
     the test (the deepspeed_ops fixture).
     """

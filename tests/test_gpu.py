@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.gpu,
@@ -24,7 +24,7 @@ pytestmark = [
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
     env = {**os.environ, "OUT": str(out), "STATE": str(out / "state"), "PYTHON": sys.executable}
-    subprocess.run(["bash", "ci/gpu/run.sh", "900"], cwd=REPO, env=env, check=True, timeout=960)
+    subprocess.run(["bash", "ci/gpu/run.sh", "900"], cwd=ROOT, env=env, check=True, timeout=960)
     return out
 
 
@@ -71,7 +71,7 @@ def test_glue_and_dolly_run_on_cuda(results):
 def test_compiled_layers_beat_the_notebooks_eager_step_and_the_profile_adds_up(tmp_path):
     command = [sys.executable, "-m", "ci.gpu.llama_step", "--out", str(tmp_path), "--budget", "250"]
     # The script puts ci/gpu and the repo on its own path.
-    subprocess.run(command, cwd=REPO, check=True, timeout=400)
+    subprocess.run(command, cwd=ROOT, check=True, timeout=400)
     variants = json.loads((tmp_path / "llama_step.json").read_text())["variants"]
     notebook, compiled = variants[0], variants[1]
     assert "error" not in notebook and "error" not in compiled, (notebook, compiled)

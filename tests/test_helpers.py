@@ -10,8 +10,11 @@ import sys
 
 import pytest
 
+import basics.cluster
+import basics.validate
 import harness.checks
 import harness.fixtures
+import harness.nodes
 import harness.notebooks
 import harness.storage
 import harness.tiny_models
@@ -126,34 +129,34 @@ def test_play_script_and_chat_fixtures():
 @pytest.mark.parametrize(
     "call, words",
     [
-        (lambda: helpers.validate.check_int("NUM_WORKERS", 0, minimum=1), ["NUM_WORKERS=0", "at least 1"]),
+        (lambda: basics.validate.check_int("NUM_WORKERS", 0, minimum=1), ["NUM_WORKERS=0", "at least 1"]),
         (
-            lambda: helpers.validate.check_int("BATCH_SIZE_PER_WORKER", 2.5, minimum=1),
+            lambda: basics.validate.check_int("BATCH_SIZE_PER_WORKER", 2.5, minimum=1),
             ["BATCH_SIZE_PER_WORKER=2.5", "integer"],
         ),
-        (lambda: helpers.validate.check_int("NUM_WORKERS", True, minimum=1), ["NUM_WORKERS=True", "integer"]),
+        (lambda: basics.validate.check_int("NUM_WORKERS", True, minimum=1), ["NUM_WORKERS=True", "integer"]),
         (
-            lambda: helpers.validate.check_choice("ZERO_STAGE", 4, [0, 1, 2, 3]),
+            lambda: basics.validate.check_choice("ZERO_STAGE", 4, [0, 1, 2, 3]),
             ["ZERO_STAGE=4", "0, 1, 2, 3"],
         ),
-        (lambda: helpers.validate.check_positive("LEARNING_RATE", 0), ["LEARNING_RATE=0", "greater than 0"]),
+        (lambda: basics.validate.check_positive("LEARNING_RATE", 0), ["LEARNING_RATE=0", "greater than 0"]),
         # `-p LEARNING_RATE inf` trained to NaN; NaN is no number to train with either.
         (
-            lambda: helpers.validate.check_positive("LEARNING_RATE", float("inf")),
+            lambda: basics.validate.check_positive("LEARNING_RATE", float("inf")),
             ["LEARNING_RATE=inf", "finite"],
         ),
         (
-            lambda: helpers.validate.check_positive("LEARNING_RATE", float("nan")),
+            lambda: basics.validate.check_positive("LEARNING_RATE", float("nan")),
             ["LEARNING_RATE=nan", "finite"],
         ),
         (
-            lambda: helpers.validate.check_max_positions(
+            lambda: basics.validate.check_max_positions(
                 "MAX_SEQ_LEN", 129, harness.tiny_models.tiny_model("gpt2")
             ),
             ["MAX_SEQ_LEN=129", "<= 128"],
         ),
         (
-            lambda: helpers.validate.check_source_available("MODEL_NAME", "no/such-model", "model"),
+            lambda: basics.validate.check_source_available("MODEL_NAME", "no/such-model", "model"),
             ["MODEL_NAME='no/such-model'", "offline"],
         ),
     ],
@@ -166,12 +169,11 @@ def test_checks_name_the_parameter(call, words):
 
 
 def test_checks_accept_good_values():
-    assert helpers.validate.check_int("NUM_WORKERS", 2, minimum=1) == 2
+    assert basics.validate.check_int("NUM_WORKERS", 2, minimum=1) == 2
     assert (
-        helpers.validate.check_max_positions("MAX_SEQ_LEN", 128, harness.tiny_models.tiny_model("gpt2"))
-        == 128
+        basics.validate.check_max_positions("MAX_SEQ_LEN", 128, harness.tiny_models.tiny_model("gpt2")) == 128
     )
-    assert helpers.validate.check_source_available(
+    assert basics.validate.check_source_available(
         "DATASET_NAME", harness.fixtures.ag_news_fixture(), "dataset"
     )
 
@@ -213,22 +215,22 @@ def test_autoscaling_cluster_only_warns(monkeypatch):
 def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsys, tmp_path):
     """No GPU node to fetch the weights on before `fit()`: the check says rank 0 will download them (in
     `train_func`, before the first collective) instead of failing on an empty cluster."""
-    from helpers.plan import Plan
+    from basics.plan import Plan
 
     _fake_cluster(monkeypatch, [{"CPU": 4.0}])  # the head node only
     monkeypatch.setenv("LLM_NOTEBOOKS_AUTOSCALING", "1")
     monkeypatch.setattr(
-        harness.cluster, "_check_shared_folder", lambda name, folder, use_gpu=False: 1
+        harness.nodes, "_check_shared_folder", lambda name, folder, use_gpu=False: 1
     )  # one machine
     namespace = {
         "NUM_WORKERS": 16,
         "USE_GPU": True,
         "STORAGE_PATH": str(tmp_path),
         "MODEL_NAME": "meta-llama/x",
-        "plan": Plan("70B", [], {"hub_download_bytes": 138e9, "temp_file_bytes": 138e9}),
     }
+    plan = Plan("70B", [], {"hub_download_bytes": 138e9, "temp_file_bytes": 138e9})
     with pytest.warns(UserWarning, match="autoscaler"):
-        harness.checks.check_cluster("llama_fsdp", namespace)
+        harness.checks.check_cluster("llama_fsdp", namespace, plan)
     out = capsys.readouterr().out
     assert "rank 0 will download them itself" in out
     assert "no node's local disk to check yet: rank 0 checks its own before it downloads" in out
@@ -250,7 +252,7 @@ def test_a_download_that_would_not_fit_is_refused_before_it_starts(monkeypatch, 
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     with pytest.raises(OSError, match=r"needs 1000000000.0 GB in the Hugging Face cache .*HF_HOME"):
-        helpers.cluster.fetch_model("meta-llama/x")
+        basics.cluster.fetch_model("meta-llama/x")
     assert asked == [True]  # nothing downloaded
 
     # Offline (HF_HUB_OFFLINE), the dry run cannot ask the Hub: no check, and the cached copy is used.
@@ -261,7 +263,7 @@ def test_a_download_that_would_not_fit_is_refused_before_it_starts(monkeypatch, 
         return str(tmp_path)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    helpers.cluster.fetch_model("meta-llama/x")
+    basics.cluster.fetch_model("meta-llama/x")
     assert asked == [True, True, False]
 
 
@@ -356,7 +358,7 @@ def test_tripwire_proxy_records_hub_requests_and_answers_403(tmp_path):
 
 def test_cpus_per_worker_must_fit_the_nodes_of_the_cluster():
     import harness.checks
-    import helpers.sizing
+    import harness.sizing
 
     p = {"CPUS_PER_WORKER": 13, "USE_GPU": True, "CLUSTER": {"p4de.24xlarge": 2}}
     with pytest.raises(
@@ -407,7 +409,7 @@ def test_check_cluster_gets_the_plan(monkeypatch):
     from harness import checks
 
     plan, seen = object(), {}
-    monkeypatch.setattr(checks, "check_cluster", lambda name, namespace: seen.update(namespace))
+    monkeypatch.setattr(checks, "check_cluster", lambda name, namespace, plan: seen.update(plan=plan))
     helpers.check_cluster("glue_text_classification", {"SMOKE_TEST": False}, plan)
     assert seen["plan"] is plan
 
@@ -421,7 +423,7 @@ def test_an_l40s_is_not_read_as_an_l4(monkeypatch, device_name, expected):
     import torch
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
-    from helpers.flops import dense_peak_flops
+    from basics.flops import dense_peak_flops
 
     assert dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(expected)
 

@@ -1,5 +1,6 @@
-"""`helpers` and `harness` are layered: no module imports, at its top or inside a function, one that imports
-it back; and no module imports another's private (underscore) names."""
+"""The project's three packages are floors: `basics` at the bottom, `harness` on it, `helpers` on top. No module
+imports, at its top or inside a function, a module of a floor above its own, nor one that imports it back
+(package front doors, `__init__.py`, included); and no module imports another's private (underscore) names."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("helpers", "harness")
+PACKAGES = ("basics", "harness", "helpers")  # the floors, from the bottom up
 
 
 def _module_name(path: Path, root: Path) -> str:
-    """`helpers.storage` for helpers/storage.py, `harness.notebooks` for harness/notebooks/__init__.py."""
+    """`harness.storage` for harness/storage.py, `harness.notebooks` for harness/notebooks/__init__.py."""
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -34,19 +35,38 @@ def _imports(path: Path, root: Path):
 def import_graph(root: Path = ROOT, packages=PACKAGES) -> dict[str, set[str]]:
     """{module: the packages' modules it imports}, from every import statement in them (relative or
     absolute, at module level or in a function), read from the source without importing it. A package's
-    front door (`helpers/__init__.py`) imports everything and nothing imports it back: it is left out."""
+    front door (`__init__.py`) is a module like any other: importing `helpers.x` runs `helpers/__init__.py`
+    first, so a module that imports `helpers.x` imports the front door too."""
     paths = [p for package in packages for p in (root / package).rglob("*.py")]
-    modules = {_module_name(p, root) for p in paths} - set(packages)
+    modules = {_module_name(p, root) for p in paths}
     graph: dict[str, set[str]] = {}
     for path in paths:
         name = _module_name(path, root)
-        if name in packages:
-            continue
         found = set()
         for module, imported in _imports(path, root):
-            found.add(f"{module}.{imported}" if f"{module}.{imported}" in modules else module)
-        graph[name] = (found & modules) - {name}
+            target = f"{module}.{imported}" if f"{module}.{imported}" in modules else module
+            parts = target.split(".")
+            found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}  # the front doors on the way
+        graph[name] = (found & modules) - {name, *_packages_of(name)}
     return graph
+
+
+def _packages_of(name: str) -> set[str]:
+    """The packages a module sits in (`harness` and `harness.notebooks` for `harness.notebooks.llama_fsdp`):
+    a module's own front doors, which Python has run before it."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def upward_imports(graph: dict[str, set[str]], floors=PACKAGES) -> list[str]:
+    """`module -> module` for each import of a module on a higher floor than the importer's."""
+    floor = {package: i for i, package in enumerate(floors)}
+    return [
+        f"{name} -> {target}"
+        for name, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if floor[target.split(".")[0]] > floor[name.split(".")[0]]
+    ]
 
 
 def private_imports(root: Path = ROOT, packages=PACKAGES) -> list[str]:
@@ -81,17 +101,32 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_helpers_and_harness_have_no_import_cycle():
+def test_the_floors_import_downward_only_and_no_module_imports_itself_back():
     graph = import_graph()
-    assert {"helpers.storage", "harness.run_log", "harness.notebooks.llama_fsdp"} <= set(graph)
-    assert "harness.tracking" in graph["harness.run_log"]  # the graph crosses the packages
+    assert {"basics.validate", "harness.run_log", "harness.notebooks.llama_fsdp", "helpers"} <= set(graph)
+    assert "harness.tracking" in graph["harness.run_log"] and "basics.validate" in graph["harness.checks"]
+    assert "harness" in graph["harness.checks"] or "harness.cluster" in graph["harness.checks"]
+    assert upward_imports(graph) == []
     assert cycles(graph) == []
 
 
+def test_the_check_sees_an_import_running_up_a_floor(tmp_path):
+    for package in ("basics", "helpers"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "basics" / "low.py").write_text("def f():\n    from helpers.top import g\n")
+    (tmp_path / "helpers" / "top.py").write_text("from basics.low import f\n")
+    graph = import_graph(tmp_path, ("basics", "helpers"))
+    assert upward_imports(graph, ("basics", "helpers")) == [
+        "basics.low -> helpers",
+        "basics.low -> helpers.top",
+    ]
+    assert cycles(graph)  # and, through the function's import, a circle
+
+
 def test_every_module_imports_first_in_a_fresh_interpreter():
-    # The graph leaves the packages' front doors out; importing each module first, in a process of its
-    # own, is what finds a cycle through one (harness.storage -> helpers.validate -> helpers/__init__ ->
-    # helpers.storage -> harness.storage, half-initialised).
+    # Importing each module first, in a fresh interpreter, finds what the source cannot show: a module
+    # half-initialised through an import made at run time.
     import subprocess
     import sys
 
@@ -99,7 +134,7 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     code = (
         "import importlib, sys\n"
         f"for name in {names!r}:\n"
-        "    for loaded in [m for m in sys.modules if m.split('.')[0] in ('helpers', 'harness')]:\n"
+        f"    for loaded in [m for m in sys.modules if m.split('.')[0] in {PACKAGES!r}]:\n"
         "        del sys.modules[loaded]\n"
         "    importlib.import_module(name)\n"
     )
@@ -130,6 +165,9 @@ def test_the_graph_reads_imports_inside_functions(tmp_path):
         "helpers.low": {"helpers.high"},
         "helpers.high": {"helpers.low"},
     }
+    # A front door that imports its own modules is one more module in the graph.
+    (tmp_path / "helpers" / "__init__.py").write_text("from .high import f\n")
+    assert import_graph(tmp_path, ("helpers",))["helpers"] == {"helpers.high"}
 
 
 def test_no_function_is_over_80_lines():

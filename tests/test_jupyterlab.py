@@ -24,13 +24,10 @@ import re
 import nbformat
 import pytest
 from browser import chromium_or_skip
+from jupyterlab_runs import LAB_START_BUDGET_S, LabRun, jupyterlab_notebooks, jupyterlab_run
 from notebook_runs import (
     ARTIFACTS,
-    LAB_START_BUDGET_S,
     SMOKE_BUDGET_S,
-    LabRun,
-    jupyterlab_notebooks,
-    jupyterlab_run,
 )
 
 RAN = re.compile(r"\[\d+\]:")
@@ -39,32 +36,29 @@ RAN = re.compile(r"\[\d+\]:")
 def problems_in(run: LabRun) -> list[str]:
     """Everything the page showed that a learner should not see, and anything that kept the run from
     finishing; empty when the notebook ran clean."""
-    found = list(run.problems)
-    if run.news_prompt:
-        found.append('JupyterLab asked "Would you like to get notified about official Jupyter news?"')
-    if run.dialogs:
-        found.append(f"a dialog was open: {run.dialogs}")
-    if not run.finished and not any("budget" in p for p in run.problems):
-        found.append("the run did not finish")
     not_run = [f"code cell {i} {p}" for i, p in enumerate(run.prompts, 1) if not RAN.fullmatch(p)]
-    if len(run.prompts) != run.code_cells:
-        found.append(f"{len(run.prompts)} code cells in the page, {run.code_cells} in the notebook file")
-    if not_run:
-        found.append(f"cells that did not run: {not_run}")
+    flagged = [
+        (run.news_prompt, 'JupyterLab asked "Would you like to get notified about official Jupyter news?"'),
+        (run.dialogs, f"a dialog was open: {run.dialogs}"),
+        (not run.finished and not any("budget" in p for p in run.problems), "the run did not finish"),
+        (
+            len(run.prompts) != run.code_cells,
+            f"{len(run.prompts)} code cells in the page, {run.code_cells} in the notebook file",
+        ),
+        (not_run, f"cells that did not run: {not_run}"),
+    ]
+    found = [*run.problems, *(what for shown, what in flagged if shown)]
     found += [f"error output in {e}" for e in run.error_outputs]
     found += [f"traceback in {t}" for t in run.tracebacks]
     found += [f"widget not rendered: {w}" for w in run.widget_problems]
-    if run.images < 1:
-        found.append("no image in any output (the loss plot)")
-    if run.external_requests:
-        found.append(f"the page requested beyond loopback: {run.external_requests[:5]}")
-    if run.page_errors:
-        found.append(f"JavaScript errors: {run.page_errors[:5]}")
-    if run.saved_outputs:
-        found.append("the notebook file in notebooks/ has outputs now: the run saved into the source")
-    if not run.screenshot.is_file():
-        found.append(f"no screenshot at {run.screenshot}")
-    return found
+    flagged = [
+        (run.images < 1, "no image in any output (the loss plot)"),
+        (run.external_requests, f"the page requested beyond loopback: {run.external_requests[:5]}"),
+        (run.page_errors, f"JavaScript errors: {run.page_errors[:5]}"),
+        (run.saved_outputs, "the notebook file in notebooks/ has outputs now: the run saved into the source"),
+        (not run.screenshot.is_file(), f"no screenshot at {run.screenshot}"),
+    ]
+    return found + [what for shown, what in flagged if shown]
 
 
 def _lab_runs() -> list:

@@ -10,18 +10,18 @@ import warnings
 import pytest
 import torch
 
+import basics.flops
 import helpers
-import helpers.flops
 
 
 def test_mfu_reproduces_the_posts_arithmetic():
     # The post: 70e9 parameters, 500 steps of 16 GPUs x 2048 tokens, 13.5 h, A100s at 312 TFLOP/s dense bf16.
     tokens = 2048 * 16 * 500
     seconds = 13.5 * 3600
-    per_gpu = helpers.flops.model_flops_utilization(70e9, tokens, seconds, 16, 312e12)
+    per_gpu = basics.flops.model_flops_utilization(70e9, tokens, seconds, 16, 312e12)
     assert per_gpu == pytest.approx(6 * 70e9 * tokens / seconds / (16 * 312e12))
     assert per_gpu == pytest.approx(0.02836, abs=1e-4)
-    assert helpers.flops.model_flops_utilization(70e9, tokens, seconds, 16, None) is None
+    assert basics.flops.model_flops_utilization(70e9, tokens, seconds, 16, None) is None
 
 
 @pytest.mark.parametrize(
@@ -35,13 +35,13 @@ def test_mfu_reproduces_the_posts_arithmetic():
 )
 def test_dense_peak_flops_never_with_sparsity(monkeypatch, device_name, expected):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
-    assert helpers.flops.dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(
+    assert basics.flops.dense_peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(
         expected, rel=1e-3
     )
 
 
 def test_no_peak_and_no_mfu_on_cpu():
-    assert helpers.flops.dense_peak_flops(torch.device("cpu"), torch.bfloat16) is None
+    assert basics.flops.dense_peak_flops(torch.device("cpu"), torch.bfloat16) is None
 
 
 # Run in a fresh interpreter: the test process carries over a gigabyte of earlier tests' state (mapped
@@ -115,9 +115,9 @@ def test_llama_recipe_is_generated_from_the_llama_fsdp_notebook():
 
 def test_compiling_the_layers_is_a_lesson_knob_the_parameters_check():
     """`USE_COMPILE`: on at full scale (measured faster on a GPU, docs/gpu.md), a bool or refused by name."""
+    from basics.validate import ParameterError
     from ci.plan import parameters
     from harness.notebooks import notebook
-    from helpers.validate import ParameterError
 
     p = parameters("llama_fsdp", [])
     assert p["USE_COMPILE"] is True

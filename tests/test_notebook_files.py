@@ -129,7 +129,17 @@ HEADER_COSTS = {
     "dolly_lightning_fsdp": (2877, {"g4dn.4xlarge": 15, "g4dn.8xlarge": 1}),  # 48 min on 16 T4s
     "llama_fsdp": (13.5 * 3600, {"p4de.24xlarge": 2}),  # 13.5 h on 16 A100-80GB
     "glue_text_classification": (67, {"g4dn.xlarge": 1}),  # 67 s of training on one T4
+    "llama_lora": (18 * 3600, {"p4de.24xlarge": 1}),  # the estimated 18 h on 8 A100-80GB
 }
+# The headers that state no total: the original names no run time (GPT-2: the rate per hour), or each section's
+# cost is printed by the Set up cell from the plan (operating_a_run).
+HEADER_RATE_ONLY = {"gpt2_deepspeed", "operating_a_run"}
+
+
+def test_every_notebook_header_is_held_to_its_cost():
+    from harness.notebooks import NAMES
+
+    assert sorted({*HEADER_COSTS, *HEADER_RATE_ONLY}) == sorted(NAMES)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -201,7 +211,7 @@ def test_restarts_are_a_run_setting_and_starts_are_retried_without_limit(path):
 def test_the_plan_counts_the_zero_buckets_the_gpt2_config_asks_for():
     # The bucket size is typed in the notebook's DeepSpeed config, where a learner reads and changes it; the
     # plan keeps its own copy (it plans before that cell runs): this keeps them equal.
-    from helpers.plan import ZERO_REDUCE_BUCKET
+    from basics.plan import ZERO_REDUCE_BUCKET
 
     path = next(p for p in NOTEBOOKS if p.stem == "gpt2_deepspeed")
     source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import helpers.plan as hp
+import basics.plan as hp
+from basics.checkpoints import STREAMS
 
 GB = 1e9
 FIXES = {"gpu": "GPU-FIX", "host": "HOST-FIX", "disk": "DISK-FIX"}
@@ -194,7 +195,7 @@ def test_dcp_writer_and_reader_over_a_pyarrow_filesystem(tmp_path):
 
 
 def test_one_task_asks_for_no_more_gpus_than_the_largest_node(monkeypatch):
-    import helpers.cluster as hc
+    import basics.cluster as hc
 
     monkeypatch.setattr(hc, "alive_nodes", lambda use_gpu: [{"Resources": {"GPU": 4.0}}] * 4)
     with pytest.warns(UserWarning, match="largest node has 4 GPUs"):
@@ -221,21 +222,21 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     # mode replaced them) for 1 worker against 16; a variant that does not fit says so in words.
     import harness.checks
     import harness.parameters
-    import helpers.sizing
+    import harness.sizing
 
     monkeypatch.setattr(
         harness.parameters, "_replaced_defaults", {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"}
     )
     smoke = {**LLAMA_FULL_SCALE, "MODEL_NAME": "/tmp/tiny-llama"}
-    full = helpers.sizing.full_scale(smoke)
+    full = harness.sizing.full_scale(smoke)
     assert full["MODEL_NAME"] == "meta-llama/Llama-2-70b-chat-hf" and smoke["MODEL_NAME"] == "/tmp/tiny-llama"
-    table = helpers.sizing.compare_plans(
+    table = harness.sizing.compare_plans(
         "llama_fsdp", smoke, {"1 worker": {"NUM_WORKERS": 1}, "{NUM_WORKERS} workers": {}}
     )
     gpu = table.loc["training (A100-80GB GPU) (per GPU)"]
     assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "83.0 GB (98%, close)"
     monkeypatch.setattr(harness.parameters, "_replaced_defaults", {})  # not a smoke run
-    zero = helpers.sizing.compare_plans(
+    zero = harness.sizing.compare_plans(
         "gpt2_deepspeed",
         dict(
             MODEL_NAME="gpt2",
@@ -256,9 +257,9 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
 
 def test_the_plan_table_shows_the_parameter_count_and_each_rows_terms():
     # A person checking a plan needs the model's size and what each figure is made of (issue 21, item 5).
-    import helpers.sizing
+    import harness.sizing
 
-    table = helpers.sizing.plan_for("llama_fsdp", LLAMA_FULL_SCALE).table()
+    table = harness.sizing.plan_for("llama_fsdp", LLAMA_FULL_SCALE).table()
     assert table.index.name == "Llama-2-70b-chat-hf on 16 workers: 68,976,648,192 parameters"
     terms = table["main terms"]
     assert terms.iloc[0].startswith(
@@ -312,10 +313,10 @@ def test_lora_token_rows_count_their_whole_table_copy_and_its_gradient():
 
 
 def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
-    import helpers.sizing
+    import harness.sizing
 
     p = {**LLAMA_FULL_SCALE, "MAX_STEPS": 500, "LORA_RANK": 0}
-    table = helpers.sizing.cheapest_shapes("llama_fsdp", p)
+    table = harness.sizing.cheapest_shapes("llama_fsdp", p)
     assert list(table.index[:6]) == [
         ("p5.48xlarge", "LoRA r=16"),
         ("p4d.24xlarge", "LoRA r=16"),
@@ -340,12 +341,12 @@ def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
     # Rank 0 loads the whole model: a 192 GiB g5.12xlarge cannot, however many there are.
     assert table.loc[("g5.12xlarge", "LoRA r=16")]["too big"] == "host RAM while loading"
     # Your prices and your MFU: the post's 2023 price gives its USD 1,106; a tuned 40 % MFU, 14x less time.
-    yours = helpers.sizing.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97}, mfu=0.40)
+    yours = harness.sizing.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97}, mfu=0.40)
     assert set(yours.index.get_level_values(0)) == {"p4de.24xlarge"} and "USD per hour (yours)" in yours
     assert yours.loc[("p4de.24xlarge", "full")]["hours (estimate)"] == pytest.approx(
-        13.5 * helpers.sizing.POST_MFU / 0.40, abs=0.05
+        13.5 * harness.sizing.POST_MFU / 0.40, abs=0.05
     )
-    then = helpers.sizing.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97})
+    then = harness.sizing.cheapest_shapes("llama_fsdp", p, prices={"p4de.24xlarge": 40.97})
     assert then.loc[("p4de.24xlarge", "full")]["USD (estimate)"] == 1106
 
 
@@ -522,7 +523,7 @@ def test_a_checkpoint_moves_in_streams_and_ends_within_the_collective_timeout(tm
     fs, path = pafs.LocalFileSystem(), f"{tmp_path}/ck"
     state = {f"w{i}": torch.randn(256, 256) for i in range(8)}  # 256 KiB each: 8 files of one tensor
     dcp.save(state, storage_writer=storage.dcp_writer(fs, path, file_bytes=300_000))
-    assert len(list((tmp_path / "ck").glob("*.distcp"))) == 8 and most[0] == storage.STREAMS == 4
+    assert len(list((tmp_path / "ck").glob("*.distcp"))) == 8 and most[0] == STREAMS == 4
     most[0] = 0
     loaded = {k: torch.zeros(256, 256) for k in state}
     dcp.load(loaded, storage_reader=storage.dcp_reader(fs, path))

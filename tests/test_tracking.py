@@ -14,9 +14,9 @@ import harness.cluster
 import harness.parameters
 import harness.storage
 import helpers
+from basics.validate import ParameterError
 from harness import tracking
 from harness.run_log import RunLog
-from helpers.validate import ParameterError
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ def zero_rank(rank: int, world_size: int, port: int, settings: list, results) ->
     import torch
     from transformers import AutoModelForCausalLM
 
+    import basics.sharding
     import harness.tiny_models
-    import helpers.sharding
 
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
     for stage, offload in settings:
@@ -51,10 +51,26 @@ def zero_rank(rank: int, world_size: int, port: int, settings: list, results) ->
             losses.append(loss.item())
         offloaded = bool(getattr(engine.optimizer, "offload_optimizer", False))
         results.put(
-            ((stage, offload), rank, helpers.sharding.zero_partition_fraction(engine), losses, offloaded)
+            ((stage, offload), rank, basics.sharding.zero_partition_fraction(engine), losses, offloaded)
         )
         engine.destroy()
     torch.distributed.destroy_process_group()
+
+
+def _join(rank: int, world_size: int, port: int) -> None:
+    """Join the gloo process group, with the variables DeepSpeed reads set as a launcher sets them."""
+    import os
+
+    import torch
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
 def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder: str, mode: str) -> None:
@@ -68,13 +84,7 @@ def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder:
     """
     import os
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-    )
+    _join(rank, world_size, port)
     import deepspeed
     import pyarrow.fs as pafs
     import ray.train
@@ -83,8 +93,6 @@ def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder:
 
     import harness.tiny_models
     import helpers
-
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
 
     def engine(**extra):
         torch.manual_seed(0)
@@ -121,7 +129,7 @@ def zero_checkpoint_rank(rank: int, world_size: int, port: int, results, folder:
             saw["world_size"] = helpers.zero_checkpoint.check_zero_checkpoint_workers(ckpt, world_size)
         except helpers.ParameterError as exc:
             saw["refused"] = str(exc)
-        with helpers.storage.fetch_checkpoint(
+        with harness.storage.fetch_checkpoint(
             ckpt, files=helpers.zero_checkpoint.zero_rank_files(rank)
         ) as local:
             saw["bytes_fetched"], saw["checkpoint_bytes"] = local.bytes_fetched, local.checkpoint_bytes

@@ -17,7 +17,9 @@ import re
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from basics.notebook_files import code_cells
+
+ROOT = Path(__file__).resolve().parents[2]
 _DEFINING = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign)
 
 
@@ -29,9 +31,7 @@ def lesson_namespace(notebook: str, params: dict | None = None) -> dict:
     import torch
 
     import helpers
-    import helpers.flops
     import helpers.fsdp
-    import helpers.sizing  # the front door imports its submodules lazily; the runs use these directly
 
     namespace = {
         "__name__": f"lesson_{notebook}",
@@ -41,14 +41,10 @@ def lesson_namespace(notebook: str, params: dict | None = None) -> dict:
         "math": math,
     }
     namespace.update(params or {})
-    cells = json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
-    for index, cell in enumerate(cells):
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
-        body = ast.parse(source).body
+    for cell in code_cells(notebook):
+        body = ast.parse(cell.source).body
         if any(isinstance(n, ast.FunctionDef) for n in body) and all(isinstance(n, _DEFINING) for n in body):
-            exec(compile(source, f"{notebook}.ipynb[{index}]", "exec"), namespace)
+            exec(compile(cell.source, f"{notebook}.ipynb[{cell.index}]", "exec"), namespace)
     return namespace
 
 
@@ -62,12 +58,12 @@ def parameter_defaults(notebook: str) -> dict:
 def lesson_cells(namespace: dict, notebook: str, names: tuple, skip: tuple = ()) -> dict:
     """Execute into `namespace` the defining statements (imports, defs, classes, assignments but to `skip`) of
     the cells defining one of `names`: cells `lesson_namespace` leaves out (a class alone, a def and a call)."""
-    for index, cell in enumerate(json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]):
-        body = ast.parse("".join(cell["source"])).body if cell["cell_type"] == "code" else []
+    for cell in code_cells(notebook):
+        body = ast.parse(cell.source).body
         if any(isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name in names for n in body):
             assigns = {n: {getattr(t, "id", 0) for t in n.targets} for n in body if isinstance(n, ast.Assign)}
             keep = [n for n in body if isinstance(n, _DEFINING) and not assigns.get(n, set()) & set(skip)]
-            exec(compile(ast.Module(keep, []), f"{notebook}.ipynb[{index}]", "exec"), namespace)
+            exec(compile(ast.Module(keep, []), f"{notebook}.ipynb[{cell.index}]", "exec"), namespace)
     return namespace
 
 

@@ -29,8 +29,11 @@ import time
 import traceback
 from pathlib import Path
 
+import harness.cluster
+import harness.sizing
+import harness.tiny_models
 from ci.gpu.common import (
-    REPO,
+    ROOT,
     environment,
     lesson_cells,
     lesson_namespace,
@@ -167,12 +170,10 @@ def main() -> None:
     parser.add_argument("--only", help='one run, by its label ("16-mixed, CPU offload on"); no generation')
     args = parser.parse_args()
     started = time.time()
-    os.chdir(REPO)  # Ray adds the driver's directory to its workers' path: `helpers` imports there
+    os.chdir(ROOT)  # Ray adds the driver's directory to its workers' path: `helpers` imports there
     import numpy as np
     import torch
     import transformers
-
-    import helpers
 
     cuda, work = torch.cuda.is_available(), Path(tempfile.mkdtemp(prefix="dolly-gpu-"))
     start_ray(cuda)
@@ -203,7 +204,7 @@ def main() -> None:
     runs, checkpoints, lesson_parts = [], [], (lesson["DollyV2Model"], lesson["make_fsdp_strategy"])
 
     def train(entry: dict) -> str:
-        entry["plan"] = helpers.sizing.plan_for(NOTEBOOK, {**p, **entry["parameters"]}).as_dict()
+        entry["plan"] = harness.sizing.plan_for(NOTEBOOK, {**p, **entry["parameters"]}).as_dict()
         per_gpu = [r["need"] for r in entry["plan"]["rows"] if r["where"] == "per GPU"]
         entry["plan_per_gpu_gib"] = sum(per_gpu) / 2**30
         if (left := started + args.budget - time.time()) < 35:

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ci.gpu.common import REPO, environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
+from ci.gpu.common import ROOT, environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
 from ci.gpu.dolly import attempt, start_ray
 
 NOTEBOOK = "glue_text_classification"
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     started = time.time()
-    os.chdir(REPO)  # Ray adds the driver's directory to its workers' path: `helpers` imports there
+    os.chdir(ROOT)  # Ray adds the driver's directory to its workers' path: `helpers` imports there
     import torch
     import transformers
 
@@ -195,7 +195,7 @@ def main() -> None:
             raise AssertionError(f"not on the GPU: {line}")
         return line
 
-    plan = helpers.sizing.plan_for(NOTEBOOK, p)  # None: GLUE's notebook has no "will it fit?" plan
+    plan = harness.sizing.plan_for(NOTEBOOK, p)  # None: GLUE's notebook has no "will it fit?" plan
     runs = [attempt({"label": f"distilbert {p['TASK']}, {steps} steps", "plan": plan}, train)]
     header["total_seconds"] = time.time() - started
     write_result(

@@ -12,7 +12,7 @@ an MLflow watch. Here the batches are random tokens and the observer (`train_epo
 times each step after `torch.cuda.synchronize`; steps after the first `--skip` give s/step, samples/s and
 tokens/s. The worker records peak GPU memory (allocated, reserved; reset once the engine is built) and
 peak host RSS; each run also records the notebook's "will it fit?" plan for the same parameters
-(`helpers.sizing.plan_for`). DeepSpeed's CPU Adam (offload) is compiled in the background from the start.
+(`harness.sizing.plan_for`). DeepSpeed's CPU Adam (offload) is compiled in the background from the start.
 A failing run records its error and the others go on; `--budget` seconds bound the whole script (a run
 still going then is interrupted). DIR/gpt2_deepspeed.json is written after every run.
 """
@@ -30,9 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness.cluster
+import harness.sizing
 from ci.gpu.common import environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
 
-REPO = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 NOTEBOOK = "gpt2_deepspeed"
@@ -153,7 +155,6 @@ def main() -> int:
     from ray.train.torch import TorchTrainer
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    import helpers
     from harness.cluster import LOCAL_RAY_ENV, RAY_ENV, WORKER_ENV
 
     tmp = Path(tempfile.mkdtemp(prefix="gpt2_gpu_"))
@@ -198,7 +199,7 @@ def main() -> int:
         run = {"zero_stage": stage, "offload": offload}
         result["runs"].append(run)
         try:
-            plan = helpers.sizing.plan_for(NOTEBOOK, {**p, "ZERO_STAGE": stage, "OFFLOAD": offload})
+            plan = harness.sizing.plan_for(NOTEBOOK, {**p, "ZERO_STAGE": stage, "OFFLOAD": offload})
             run["plan"] = plan.as_dict()
         except Exception as e:  # noqa: BLE001 - the measurement matters more
             run["plan_error"] = repr(e)

@@ -30,7 +30,9 @@ import time
 import traceback
 from pathlib import Path
 
-from ci.gpu.common import REPO, environment, lesson_namespace, live_at_peak, slug, write_result
+import basics.flops
+import harness.sizing
+from ci.gpu.common import ROOT, environment, lesson_namespace, live_at_peak, slug, write_result
 
 # A Llama 2 architecture at 3.4B (head_dim 128 as in Llama 2): 16 bytes per parameter fit an 80 GB GPU.
 FULL = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24)
@@ -93,7 +95,7 @@ def train(config: dict) -> dict:
     packed = torch.randint(0, 32000, (rows, config["seq_len"]), dtype=torch.int32, generator=generator)
     frozen = None
     if config["lora_rank"]:  # the notebook's last-step check that the base stayed frozen, under NCCL
-        from helpers.fsdp import frozen_fingerprint
+        from basics.sharding import frozen_fingerprint
 
         frozen = frozen_fingerprint(model)
     model.train()
@@ -134,7 +136,7 @@ def train(config: dict) -> dict:
         counted = f"{type(error).__name__}: {error}"
     saved = {}
     if frozen is not None:  # an all-reduce of a GPU tensor: a CPU one fails under NCCL
-        from helpers.fsdp import frozen_tensors_changed
+        from basics.sharding import frozen_tensors_changed
 
         saved["frozen_tensors_changed"] = frozen_tensors_changed(model, frozen)
     if config.get("save_to"):  # the notebook's save_sharded, under NCCL: its writer threads and collectives
@@ -159,7 +161,7 @@ def train(config: dict) -> dict:
     steady = seconds[1:]
     step_s = sum(steady) / len(steady)
     tokens_per_step = config["global_batch"] * config["seq_len"]
-    peak_flops = helpers.flops.dense_peak_flops(device, torch.bfloat16)
+    peak_flops = basics.flops.dense_peak_flops(device, torch.bfloat16)
     result = {
         "runner": config["runner"],
         "notebook": config["notebook"],
@@ -176,7 +178,7 @@ def train(config: dict) -> dict:
         "steady_step_seconds": step_s,
         "tokens_per_second": tokens_per_step / step_s,
         "peak_flops_per_gpu": peak_flops,
-        "mfu": helpers.flops.model_flops_utilization(num_params, tokens_per_step, step_s, 1, peak_flops),
+        "mfu": basics.flops.model_flops_utilization(num_params, tokens_per_step, step_s, 1, peak_flops),
         "flops_per_token_6n": 6 * num_params,
         "flops_per_token_counted": counted / (config["batch_size_per_worker"] * config["seq_len"])
         if isinstance(counted, int)
@@ -196,7 +198,6 @@ def train(config: dict) -> dict:
 
 
 def plan_figures(notebook: str, config: dict) -> dict:
-    import helpers
 
     p = {
         "MODEL_NAME": config["model_name"],
@@ -209,7 +210,7 @@ def plan_figures(notebook: str, config: dict) -> dict:
         "LORA_RANK": config["lora_rank"],
         "LORA_MERGED": False,
     }
-    return helpers.sizing.plan_for(notebook, p).as_dict()
+    return harness.sizing.plan_for(notebook, p).as_dict()
 
 
 def run_ray(config: dict, cpus: int) -> None:
@@ -232,7 +233,7 @@ def run_torchrun(config: dict) -> None:
     config = {**config, "launched_at": time.time()}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
     command += [__file__, "--worker", json.dumps(config)]
-    subprocess.run(command, check=True, cwd=REPO)
+    subprocess.run(command, check=True, cwd=ROOT)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ import traceback
 from pathlib import Path
 from typing import NamedTuple
 
+import basics.flops
 from ci.gpu.common import environment, lesson_namespace, write_result
 from ci.gpu.llama import FULL, SMOKE, build_model
 
@@ -157,11 +158,10 @@ def main() -> None:
         "seed": 42,
     }
     lesson = lesson_namespace("llama_fsdp", {})
-    helpers = lesson["helpers"]
     model, loading = lesson["load_and_shard"](config, 0, device, pretrained=True)
     optimizer, scheduler = lesson["make_optimizer"](model, config)
     num_params = sum(p.numel() for p in model.parameters())
-    peak_flops = helpers.flops.dense_peak_flops(device, torch.bfloat16)
+    peak_flops = basics.flops.dense_peak_flops(device, torch.bfloat16)
     tokens_per_step = config["global_batch"] * config["seq_len"]
     generator = torch.Generator().manual_seed(0)
     packed = torch.randint(0, 32000, (config["global_batch"] * 64, config["seq_len"]), generator=generator)
@@ -261,7 +261,7 @@ def main() -> None:
                 "step_seconds": seconds,
                 "steady_step_seconds": step_s,
                 "tokens_per_second": tokens_per_step / step_s,
-                "mfu": helpers.flops.model_flops_utilization(
+                "mfu": basics.flops.model_flops_utilization(
                     num_params, tokens_per_step, step_s, 1, peak_flops
                 ),
             }

@@ -1,6 +1,6 @@
 """The GPU results next to the plan: `python -m ci.gpu.summary [results folder]` prints one row per run.
 
-The plan is computed again with today's `helpers.plan` for each run's configuration (the model's
+The plan is computed again with today's `basics.plan` for each run's configuration (the model's
 architecture rebuilt from the recorded sizes), so a correction of the plan shows against the old runs.
 The plan's per-GPU figure is D x (1 + ALLOCATOR_RESERVE) + the CUDA context + NCCL's buffers, where D is
 what it expects torch's allocator to hold at the peak. torch's counters see only the allocator, so D is
@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from helpers.plan import ALLOCATOR_RESERVE, CUDA_OVERHEAD, NCCL_BUFFERS
+import harness.sizing
+from basics.plan import ALLOCATOR_RESERVE, CUDA_OVERHEAD, NCCL_BUFFERS
 
 GiB = 2**30
 NOTEBOOKS = ("llama_fsdp", "dolly_lightning_fsdp", "gpt2_deepspeed", "glue_text_classification")
@@ -36,7 +37,6 @@ def _model_folder(notebook: str, result: dict, folder: str) -> str:
 
 def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
     """The plan today's code makes for the configuration `run` recorded."""
-    import helpers
     from ci.gpu.common import parameter_defaults
 
     one_gpu = {"NUM_WORKERS": 1, "USE_GPU": True, "CLUSTER": {"p5.48xlarge": 1}, "MODEL_NAME": folder}
@@ -49,19 +49,19 @@ def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
         }
         p.update(BATCH_SIZE_PER_WORKER=run["batch_size_per_worker"], MAX_SEQ_LEN=run["seq_len"])
         p["USE_GRADIENT_CHECKPOINTING"] = run["gradient_checkpointing"]
-        return helpers.sizing.plan_for(run["notebook"], p).as_dict()
+        return harness.sizing.plan_for(run["notebook"], p).as_dict()
     if notebook == "dolly_lightning_fsdp":
         config = result["config"]
         p = {**parameter_defaults(notebook), **one_gpu, **run["parameters"]}
         p.update(BATCH_SIZE_PER_WORKER=config["batch_size_per_worker"], MAX_SEQ_LEN=config["seq_len"])
-        return helpers.sizing.plan_for(notebook, p).as_dict()
+        return harness.sizing.plan_for(notebook, p).as_dict()
     p = {
         **result["config"]["parameters"],
         **one_gpu,
         "ZERO_STAGE": run["zero_stage"],
         "OFFLOAD": run["offload"],
     }
-    return helpers.sizing.plan_for(notebook, p).as_dict()
+    return harness.sizing.plan_for(notebook, p).as_dict()
 
 
 def _zero_memory_as_run(result: dict) -> dict:

@@ -12,7 +12,7 @@ their running sum is the memory tensors hold; the peak is printed per phase (eng
 backward, optimizer step) of two steps. The optimizer is the notebook's torch AdamW, set to its GPU
 behaviour (`foreach`: on CPU torch would pick the for-loop). On 2026-11-26 these peaks matched the H200's
 `max_memory_allocated` (ci/gpu/results/gpt2_deepspeed.json) within 2.5 %, at the step, and gave the plan's
-ZeRO terms (helpers/plan.py).
+ZeRO terms (basics/plan.py).
 
 On a CUDA GPU (NCCL, one rank) the phases' peaks are CUDA's own (`max_memory_allocated`, reset before each
 phase) over three steps, which is how an offloaded run is seen: its optimizer step runs on the CPU, so the
@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]
 for var, value in dict(
     MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
 ).items():
@@ -42,7 +42,7 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
     from torch.profiler import ProfilerActivity, profile, record_function
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    import helpers.sizing
+    import harness.sizing
     from ci.gpu.common import (
         environment,
         lesson_cells,
@@ -107,7 +107,7 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
         p = {**parameter_defaults("gpt2_deepspeed"), "NUM_WORKERS": 1, "USE_GPU": True}
         p.update(ZERO_STAGE=stage, OFFLOAD=offload, CLUSTER={"p5.48xlarge": 1}, BATCH_SIZE_PER_WORKER=1)
         p.update(MODEL_NAME=folder, MAX_SEQ_LEN=512, PRECISION="bf16")
-        plan = helpers.sizing.plan_for("gpt2_deepspeed", p).as_dict()
+        plan = harness.sizing.plan_for("gpt2_deepspeed", p).as_dict()
         shutil.rmtree(folder, ignore_errors=True)
         result = dict(environment=environment(), ds_config=ds_config, phases=phases, plan=plan)
         result.update(live_at_peak(snapshot), method=__doc__)

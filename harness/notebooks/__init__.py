@@ -3,7 +3,7 @@
 Each module holds:
 
 - `check(p)`: its parameter rules (the Set up cell's `harness.checks.check_parameters`, `make plan`);
-- `plan_recipe(p)`: its recipe as the "Will it fit?" planner sees it, or None (`helpers.sizing.plan_for`);
+- `plan_recipe(p)`: its recipe as the "Will it fit?" planner sees it, or None (`harness.sizing.plan_for`);
 - `ELASTIC_REFUSED`: why it cannot go on with fewer workers (`MIN_WORKERS`), or None where it can;
 - `SMOKE_BUDGET_S`: its smoke run's time budget in the tests.
 
@@ -19,7 +19,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from helpers.validate import ParameterError, check_choice, check_int, check_positive
+from basics.validate import ParameterError, check_choice, check_int, check_positive
 
 __all__ = [
     "NAMES",
@@ -61,7 +61,7 @@ def check_cpus_per_worker(p: dict) -> None:
     """Each worker reserves CPUS_PER_WORKER CPUs, and Ray gives it as many threads (OMP_NUM_THREADS):
     without a reservation a GPU worker gets one thread, for the CPU work it does (an offloaded optimizer
     step, rank 0's load). A node of `CLUSTER` must have room for its GPUs' workers."""
-    from helpers.plan import NODE_TYPES
+    from basics.hardware import NODE_TYPES
 
     value = p["CPUS_PER_WORKER"]
     check_int("CPUS_PER_WORKER", value, minimum=1)

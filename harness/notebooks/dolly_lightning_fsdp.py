@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from helpers.plan import Recipe
-from helpers.validate import ParameterError, check_choice, check_int, check_positive
+from basics.plan import Recipe
+from basics.validate import ParameterError, check_choice, check_int, check_positive
 
 from . import check_common
 
@@ -20,7 +20,7 @@ SMOKE_BUDGET_S = 380
 
 def check(p: dict) -> None:
     """The parameters cell's values `p`, by this notebook's rules; a ParameterError names the first bad one."""
-    from helpers.fsdp import LIGHTNING_PRECISIONS
+    from basics.sharding import LIGHTNING_PRECISIONS
 
     check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=8)
     check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
@@ -39,7 +39,7 @@ def check(p: dict) -> None:
 
 
 def plan_recipe(p: dict) -> Recipe:
-    """The recipe as `helpers.plan.plan_training` sees it, for the parameters `p`."""
+    """The recipe as `basics.plan.plan_training` sees it, for the parameters `p`."""
     compute_bytes = 4 if p["PRECISION"] in ("32-true", "64-true") else 2  # mixed precision: 16-bit
     return Recipe(
         activation_checkpointing=True,  # the strategy's activation_checkpointing_policy

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from helpers.validate import ParameterError, check_choice, check_int
+from basics.validate import ParameterError, check_choice, check_int
 
 from . import check_common
 
@@ -26,7 +26,7 @@ SMOKE_BUDGET_S = 400  # 298 s beside other work on the AVX2 machine
 
 def check(p: dict) -> None:
     """The parameters cell's values `p`, by this notebook's rules; a ParameterError names the first bad one."""
-    from helpers.glue import GLUE_TASKS
+    from basics.glue import GLUE_TASKS
 
     check_choice("TASK", p["TASK"], GLUE_TASKS)
     check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from helpers.plan import Recipe
-from helpers.validate import ParameterError, check_choice, check_int
+from basics.plan import Recipe
+from basics.validate import ParameterError, check_choice, check_int
 
 from . import check_common
 
@@ -50,7 +50,7 @@ def check(p: dict) -> None:
 
 
 def plan_recipe(p: dict) -> Recipe:
-    """The recipe as `helpers.plan.plan_training` sees it, for the parameters `p`."""
+    """The recipe as `basics.plan.plan_training` sees it, for the parameters `p`."""
     return Recipe(
         activation_checkpointing=False,
         sharding=f"zero{p['ZERO_STAGE']}",

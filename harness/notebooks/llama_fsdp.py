@@ -4,8 +4,8 @@ Its smoke values and its results are in the notebook itself (the Set up cell, th
 
 from __future__ import annotations
 
-from helpers.plan import Recipe
-from helpers.validate import ParameterError, check_choice, check_int
+from basics.plan import Recipe
+from basics.validate import ParameterError, check_choice, check_int
 
 from . import check_common
 
@@ -45,7 +45,7 @@ def check_llama(p: dict) -> None:
 
 
 def plan_recipe(p: dict) -> Recipe:
-    """The recipe as `helpers.plan.plan_training` sees it, for the parameters `p`."""
+    """The recipe as `basics.plan.plan_training` sees it, for the parameters `p`."""
     return Recipe(
         activation_checkpointing=p["USE_GRADIENT_CHECKPOINTING"],
         sharding="fsdp",

@@ -4,7 +4,7 @@ Its smoke values and its results are in the notebook itself (the Set up cell, th
 
 from __future__ import annotations
 
-from helpers.validate import check_choice, check_int, check_positive
+from basics.validate import check_choice, check_int, check_positive
 
 from .llama_fsdp import ELASTIC_REFUSED, check_llama, plan_recipe
 

@@ -5,7 +5,7 @@ Its smoke values and its results are in the notebook itself (the Set up cell, th
 
 from __future__ import annotations
 
-from helpers.validate import ParameterError, check_choice, check_int
+from basics.validate import ParameterError, check_choice, check_int
 
 from . import check_common
 from .llama_fsdp import plan_recipe

@@ -1,4 +1,4 @@
-"""Sizing a run: the "will it fit?" plan (`helpers.plan`) of a notebook's parameters, plans side by side, and
+"""Sizing a run: the "will it fit?" plan (`basics.plan`) of a notebook's parameters, plans side by side, and
 the cheapest cluster shapes that fit.
 
 Used by the notebooks' "Will it fit?" sections (`compare_plans`, `full_scale`, `cheapest_shapes`) and by the
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from harness.notebooks import notebook as harness_notebook
+
 __all__ = [
     "plan_for",
     "choose_checkpointing",
@@ -19,14 +21,6 @@ __all__ = [
     "step_seconds",
     "POST_MFU",
 ]
-
-
-def _notebook(name: str):
-    """The notebook's module of `harness.notebooks`: its rules, plan recipe and smoke values. Imported when
-    called, as `harness.notebooks` imports `helpers`."""
-    from harness.notebooks import notebook
-
-    return notebook(name)
 
 
 def global_batch(p: dict) -> int:
@@ -52,7 +46,8 @@ def step_seconds(p: dict, params: int, peak: float, gpus: int, flops_per_token: 
 def cluster_step_seconds(p: dict, workers: int | None = None) -> float | None:
     """`step_seconds` of `p`'s full fine-tuning on `workers` (default `NUM_WORKERS`) GPUs of its `CLUSTER`
     at `POST_MFU`; None without GPUs or a known bf16 peak (a CPU run)."""
-    from .plan import NODE_TYPES, model_config, model_size
+    from basics.hardware import NODE_TYPES
+    from basics.plan import model_config, model_size
 
     gpus = [NODE_TYPES[t].gpu for t in p.get("CLUSTER", {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
     peak = _bf16_peak(gpus[0]) if gpus and p.get("USE_GPU") else None
@@ -63,15 +58,18 @@ def cluster_step_seconds(p: dict, workers: int | None = None) -> float | None:
 
 
 def plan_for(notebook: str, p: dict, title: str | None = None):
-    """The "will it fit?" plan (`helpers.plan.Plan`) of `notebook` with the parameters `p`; None for a
+    """The "will it fit?" plan (`basics.plan.Plan`) of `notebook` with the parameters `p`; None for a
     notebook without one (GLUE's models fit any GPU)."""
-    from .plan import check_cluster, plan_training
+    from basics.hardware import check_node_counts
+    from basics.plan import plan_training
 
-    recipe = _notebook(notebook).plan_recipe
+    recipe = harness_notebook(notebook).plan_recipe
     if recipe is None:
         return None
     if p["USE_GPU"]:
-        check_cluster(p["CLUSTER"])  # before the model's config is loaded: a wrong count is refused at once
+        check_node_counts(
+            p["CLUSTER"]
+        )  # before the model's config is loaded: a wrong count is refused at once
     choices = {}
     if p.get("USE_GRADIENT_CHECKPOINTING") == "auto":
         checkpointing, why = choose_checkpointing(notebook, p)
@@ -167,7 +165,7 @@ def cheapest_shapes(
     prices: dict[str, float] | None = None,
 ):
     """For each GPU instance type with a price (`prices`, {instance type: USD per hour}; by default
-    `helpers.cost.INSTANCE_PRICES`, AWS on demand in us-east-1, dated in the column's name): the fewest nodes on which
+    `basics.cost.INSTANCE_PRICES`, AWS on demand in us-east-1, dated in the column's name): the fewest nodes on which
     `notebook`'s run with parameters `p` fits, for full fine-tuning and for LoRA at `lora_rank`, with the
     price per hour, and an estimated wall time and cost of `MAX_STEPS` steps; sorted by cost.
 
@@ -182,8 +180,9 @@ def cheapest_shapes(
     """
     import pandas as pd
 
-    from .cost import INSTANCE_PRICES, PRICES_AS_OF
-    from .plan import NODE_TYPES, model_config, model_size
+    from basics.cost import INSTANCE_PRICES, PRICES_AS_OF
+    from basics.hardware import NODE_TYPES
+    from basics.plan import model_config, model_size
 
     hourly = f"USD per hour ({PRICES_AS_OF if prices is None else 'yours'})"
     prices = INSTANCE_PRICES if prices is None else prices

@@ -2,7 +2,7 @@
 
 Used by `harness.checks.check_parameters` in the "Set up" cell of the GPT-2, Dolly and Llama notebooks (which
 refuses a run that cannot fit before anything is downloaded), and by their sharding sections, which show
-the table next to the explanation (`helpers.sizing.compare_plans`: ZeRO stages, or 1 worker against many,
+the table next to the explanation (`harness.sizing.compare_plans`: ZeRO stages, or 1 worker against many,
 at full scale). From the model's architecture (its config; the parameters are counted on the `meta` device,
 without weights) and the run's parameters it works out, per GPU, per node and in storage, what the
 run needs, compares that with the cluster, prints one table and refuses where the run cannot fit,
@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import shutil
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .checkpoints import COLLECTIVE_SHARE, STREAM_FILE_BYTES, STREAM_RATE, STREAMS
+from .hardware import NODE_TYPES, NodeType, placement
 from .validate import ParameterError
 
 # ---- Where the figures come from --------------------------------------------------------------------------
 #
-# The real models' configs ship in `helpers/architectures/` (a few KB of JSON, the Hub's `config.json`
+# The real models' configs ship in `basics/architectures/` (a few KB of JSON, the Hub's `config.json`
 # architecture fields), so the full-scale plan is computed offline, on a laptop.
 #
 # In bytes per parameter P, with N workers sharing the model:
@@ -108,39 +107,6 @@ CUDA_OVERHEAD = 1 * GiB  # the CUDA context
 NCCL_BUFFERS = GiB // 2
 ALLOCATOR_RESERVE = 0.02  # fragmentation, with expandable segments
 ZERO_REDUCE_BUCKET = 50_000_000  # elements: the GPT-2 notebook's reduce_bucket_size (a test keeps them equal)
-
-
-@dataclass(frozen=True)
-class _NodeType:
-    gpus: int
-    gpu: str
-    gpu_memory: int  # bytes per GPU, as the driver reports it
-    memory: int  # host RAM, bytes
-    disk: int  # local instance storage (NVMe), bytes
-    bf16: bool = True  # the GPU computes in bf16
-    cpus: int = 0  # vCPUs
-
-
-# AWS instance types (public spec sheets). GPU memory as torch reports it (`torch.cuda.
-# get_device_properties(0).total_memory`), a little under the product's figure: 14.6 GiB on a "16 GB" T4,
-# 22.0 on an A10G, 39.4 / 79.2 on the 40 / 80 GB A100, 79.2 on an H100-80GB (not measured here: no GPU).
-NODE_TYPES = {
-    "g4dn.4xlarge": _NodeType(1, "T4", int(14.6 * GiB), 64 * GiB, 225 * 10**9, bf16=False, cpus=16),
-    "g4dn.8xlarge": _NodeType(1, "T4", int(14.6 * GiB), 128 * GiB, 900 * 10**9, bf16=False, cpus=32),
-    "g4dn.12xlarge": _NodeType(4, "T4", int(14.6 * GiB), 192 * GiB, 900 * 10**9, bf16=False, cpus=48),
-    "g5.12xlarge": _NodeType(4, "A10G", 22 * GiB, 192 * GiB, 3800 * 10**9, cpus=48),
-    "p4d.24xlarge": _NodeType(8, "A100-40GB", int(39.4 * GiB), 1152 * GiB, 8000 * 10**9, cpus=96),
-    "p4de.24xlarge": _NodeType(8, "A100-80GB", int(79.2 * GiB), 1152 * GiB, 8000 * 10**9, cpus=96),
-    "p5.48xlarge": _NodeType(8, "H100-80GB", int(79.2 * GiB), 2048 * GiB, 30400 * 10**9, cpus=192),
-}
-
-
-def _local_node() -> _NodeType:
-    """This machine as a node with no GPU: its RAM and the free space of its temp folder."""
-    import psutil
-
-    disk = shutil.disk_usage(tempfile.gettempdir()).free
-    return _NodeType(0, "none (CPU workers)", 0, psutil.virtual_memory().total, disk)
 
 
 def model_config(model_name: str):
@@ -417,7 +383,7 @@ class Recipe:
         lora_token_rows: and that many rows of the embeddings and of the head (new tokens').
         lora_merged: it also exports the base with the adapters merged in.
         collective_timeout_s: the process group's timeout, within a share of which a streamed checkpoint
-            must be written (`harness.storage.COLLECTIVE_SHARE`).
+            must be written (`basics.checkpoints.COLLECTIVE_SHARE`).
     """
 
     activation_checkpointing: bool
@@ -456,7 +422,7 @@ def plan_training(
     if lora and r.sharding != "fsdp":
         raise ValueError("lora_rank needs sharding='fsdp'")
     run = _Run(
-        size=size, n=num_workers, lora=lora, stored=_stored_bytes(config), **_placement(cluster, num_workers)
+        size=size, n=num_workers, lora=lora, stored=_stored_bytes(config), **placement(cluster, num_workers)
     )
     details: dict[str, int] = {"params": size.params, "largest_layer": size.largest_layer}
     if lora:
@@ -498,7 +464,6 @@ def _checkpoint_time(run: _Run, collective_timeout_s: int | None, details: dict)
     """A streamed checkpoint's time: each rank's shard at `STREAMS` x `STREAM_RATE` (an assumption, stated),
     against the share of the collective timeout a save has (`harness.storage.dcp_writer`). A resume reads
     the same bytes back in as long."""
-    from harness.storage import COLLECTIVE_SHARE, STREAM_RATE, STREAMS
 
     rank_bytes = 12 * (run.lora.params if run.lora else run.size.params) // run.n
     seconds = rank_bytes / (STREAMS * STREAM_RATE)
@@ -525,7 +490,7 @@ class _Run:
     lora: _LoraSize | None
     stored: int  # bytes per parameter of the checkpoint as stored (its pages, memory-mapped while loading)
     on_gpu: bool
-    node: _NodeType
+    node: NodeType
     per_node: int  # workers on that node
     nodes: int
     device_have: int  # bytes of one worker's device (a GPU, or a CPU worker's share of RAM)
@@ -539,45 +504,6 @@ def _gb(b: float) -> str:
 
 def _stored_bytes(config) -> int:
     return {"float32": 4, "float64": 8}.get(str(config.dtype).removeprefix("torch."), 2)
-
-
-MAX_NODES = 10_000  # of one type in CLUSTER: more than any cluster has, few enough to plan at once
-
-
-def check_cluster(cluster) -> None:
-    """`CLUSTER`: {node type: count}, known types, whole counts from 1 to MAX_NODES (a count of 10**22, or
-    1e999, is an error in one line, not a plan that never ends)."""
-    if not isinstance(cluster, dict) or not cluster:
-        raise ParameterError(f"CLUSTER={cluster!r}: give {{node type: count}}, e.g. {{'p4de.24xlarge': 2}}.")
-    unknown = sorted(str(t) for t in set(cluster) - set(NODE_TYPES))
-    if unknown:
-        raise ParameterError(f"CLUSTER: unknown node type(s) {unknown}; known: {sorted(NODE_TYPES)}.")
-    for name, count in cluster.items():
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_NODES:
-            shown = repr(count) if len(repr(count)) <= 24 else f"{repr(count)[:20]}..."
-            raise ParameterError(
-                f"CLUSTER: {name!r}: {shown} nodes; give a whole number from 1 to {MAX_NODES}."
-            )
-
-
-def _placement(cluster: dict[str, int] | None, n: int) -> dict:
-    """The node that fits worst (the least host RAM per GPU: rank 0 can land on any GPU node), how many
-    workers it holds, and what one worker's device has; on CPU, this machine shared by the workers."""
-    if cluster is None:
-        node = _local_node()
-        return dict(on_gpu=False, node=node, per_node=n, nodes=1, device_have=node.memory // n,
-                    device_name="CPU worker's share of RAM", where_device="per CPU worker")  # fmt: skip
-    check_cluster(cluster)
-    gpu_nodes = [NODE_TYPES[t] for t in cluster if NODE_TYPES[t].gpus]
-    gpus = sum(NODE_TYPES[t].gpus * count for t, count in cluster.items())
-    if gpus < n:
-        raise ParameterError(
-            f"NUM_WORKERS={n} needs {n} GPUs; CLUSTER={cluster} has {gpus}. "
-            "Lower NUM_WORKERS or add nodes to CLUSTER."
-        )
-    node = min(gpu_nodes, key=lambda t: (t.memory / t.gpus, t.disk / t.gpus))
-    return dict(on_gpu=True, node=node, per_node=min(node.gpus, n), nodes=math.ceil(n / node.gpus),
-                device_have=node.gpu_memory, device_name=f"{node.gpu} GPU", where_device="per GPU")  # fmt: skip
 
 
 def _fsdp_device(
@@ -694,7 +620,6 @@ def _host_and_disk_bytes(run: _Run, recipe: Recipe) -> dict[str, int]:
     disk; in storage per checkpoint."""
     sharding, loading, checkpoint = recipe.sharding, recipe.loading, recipe.checkpoint
     export_bytes, lora_merged = recipe.export_bytes, recipe.lora_merged
-    from harness.storage import STREAM_FILE_BYTES, STREAMS
 
     size, lora, n, per_node, stored, p = run.size, run.lora, run.n, run.per_node, run.stored, run.size.params
     # Loading holds the fp32 model and, while converting, the checkpoint's pages in its stored dtype
@@ -737,7 +662,6 @@ def _host_and_disk_terms(run: _Run, b: dict[str, int], recipe: Recipe) -> tuple[
         recipe.checkpoint,
         recipe.export_bytes,
     )
-    from harness.storage import STREAM_FILE_BYTES, STREAMS
 
     lora, n, per_node, stored = run.lora, run.n, run.per_node, run.stored
     loaded, sharded_state = b["loaded"], sharding in ("fsdp", "zero3")
