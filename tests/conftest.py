@@ -208,7 +208,7 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def jupyterlab(ray_cluster, tmp_path_factory) -> Callable[[str], LabRun]:
     """`jupyterlab(name)`: notebooks/<name>.ipynb run in smoke mode through JupyterLab in Chromium on the test
-    cluster (notebook_runs.jupyterlab_run), once a session per notebook: test_jupyterlab.py checks the page,
+    cluster (jupyterlab_runs.jupyterlab_run), once a session per notebook: test_jupyterlab.py checks the page,
     the notebook's own tests take its results JSON. Skipped without a Chromium (failed in CI)."""
     runs: dict[str, LabRun] = {}
 

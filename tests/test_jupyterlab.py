@@ -2,7 +2,7 @@
 
 A real JupyterLab server from this virtualenv (on loopback, a random token, its own temporary settings, the
 news and update checks off) serves notebooks/; headless Chromium opens a notebook, clicks Run > Run All
-Cells, and waits until every cell has run (notebook_runs.jupyterlab_run). The kernel gets the test's
+Cells, and waits until every cell has run (jupyterlab_runs.jupyterlab_run). The kernel gets the test's
 environment: offline, the test cluster's variables, `SMOKE_TEST=1`, `RESULTS_PATH`. The page must then show
 every code cell run, no traceback in any output (a planned worker kill included: the reader sees the run
 recover, not Ray's stack traces), no widget that failed to render, and the loss plot; the news question

@@ -48,6 +48,15 @@ def lesson_namespace(notebook: str, params: dict | None = None) -> dict:
     return namespace
 
 
+def outside_ray_train() -> None:
+    """For a run under plain torch.distributed (torchrun, or one process): the notebook's
+    `ray.train.collective.barrier()`, which only a Ray Train worker may call, is the process group's barrier."""
+    import ray.train.collective
+    import torch.distributed as dist
+
+    ray.train.collective.barrier = dist.barrier
+
+
 def parameter_defaults(notebook: str) -> dict:
     """The notebook's parameters cell, executed: its full-scale defaults (`make plan`'s reading of it)."""
     from ci.plan import parameters

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -162,6 +163,72 @@ def attempt(entry: dict, run) -> dict:
     return entry
 
 
+def train_one(ctx: dict, entry: dict) -> str:
+    """One precision and offload setting: its plan, then the notebook's strategy on one GPU worker."""
+    from ray.train import DataConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    p, runs, checkpoints, work = ctx["p"], ctx["runs"], ctx["checkpoints"], ctx["work"]
+    entry["plan"] = harness.sizing.plan_for(NOTEBOOK, {**p, **entry["parameters"]}).as_dict()
+    per_gpu = [r["need"] for r in entry["plan"]["rows"] if r["where"] == "per GPU"]
+    entry["plan_per_gpu_gib"] = sum(per_gpu) / 2**30
+    if (left := ctx["started"] + ctx["budget"] - time.time()) < 35:
+        raise TimeoutError(f"skipped: {left:.0f} s of the time budget left")
+    config = {**ctx["base"], "precision": entry["precision"], "cpu_offload": entry["cpu_offload"]}
+    config.update(save=not checkpoints, result_file=str(work / f"{len(runs)}.json"))
+    config.update(time_cap=max(10.0, min(45.0, left - 35)), lesson=ctx["lesson_parts"])
+    t0 = time.time()
+    result = TorchTrainer(
+        train_func,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(
+            num_workers=1, use_gpu=ctx["cuda"], resources_per_worker={"CPU": ctx["cpus"]}
+        ),
+        run_config=RunConfig(name=f"dolly-gpu-{len(runs)}", storage_path=str(work / "ray_results")),
+        datasets={"train": ctx["train_ds"]},
+        dataset_config=DataConfig(enable_shard_locality=False),
+    ).fit()
+    entry.update(json.loads(Path(config["result_file"]).read_text()), run_seconds=time.time() - t0)
+    checkpoints.extend([result.checkpoint] if result.checkpoint else [])
+    allocated, reserved = (entry.get(f"max_memory_{k}_gib", 0) for k in ("allocated", "reserved"))
+    return (
+        f"{entry['steady_step_seconds']:.3f} s/step, {entry['tokens_per_second']:,.0f} tokens/s, peak "
+        f"{allocated:.1f} GiB allocated, {reserved:.1f} reserved (plan {entry['plan_per_gpu_gib']:.1f} per "
+        f"GPU), loss {entry['losses'][0]:.3f} -> {entry['losses'][-1]:.3f}, {entry['run_seconds']:.0f} s"
+    )
+
+
+def generate_once(ctx: dict, entry: dict) -> str:
+    """The notebook's generation cell: a Ray task with a GPU, from the first run's checkpoint."""
+    import ray
+
+    if (left := ctx["started"] + ctx["budget"] - time.time()) < 20:
+        raise TimeoutError(f"skipped: {left:.0f} s of the time budget left")
+    lesson = ctx["lesson"]
+    ref, t0 = lesson["generate"].remote(ctx["checkpoints"][0], ctx["p"]["MODEL_NAME"], PROMPTS), time.time()
+    try:
+        texts = ray.get(ref, timeout=min(90.0, left))
+    except Exception:
+        # A task still holding the GPU would starve the runs after it.
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
+        raise
+    entry.update(texts=texts, dtype=str(lesson["HALF"]), seconds=time.time() - t0)
+    return f"{entry['seconds']:.1f} s, {entry['dtype']}, {entry['texts']!r}"[:300]
+
+
+def run_configs(args, parser, cuda: bool) -> list[tuple[str, bool]]:
+    """The (precision, CPU offload) settings to run: four on a GPU, two on a CPU, or `--only` one."""
+    configs = [("bf16-mixed", False), ("16-mixed", False), ("bf16-mixed", True), ("16-mixed", True)]
+    if not cuda:  # no fp16 autocast on CPUs here, and FSDP's CPU offload pins memory: it needs an accelerator
+        configs = [("bf16-mixed", False), ("32-true", False)]
+    if args.only:
+        configs = [c for c in configs if f"{c[0]}, CPU offload {'on' if c[1] else 'off'}" == args.only]
+        if not configs:
+            parser.error(f"--only {args.only!r}: no such run")
+    return configs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -178,18 +245,10 @@ def main() -> None:
     cuda, work = torch.cuda.is_available(), Path(tempfile.mkdtemp(prefix="dolly-gpu-"))
     start_ray(cuda)
     import ray
-    from ray.train import DataConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     num_params = build_model(work / "model", SMOKE if args.smoke else FULL, cuda)
     seq, batch, steps, cpus = (32, 2, 4, 1) if args.smoke else (256, 5, 8, 8)  # the notebook's defaults
-    configs = [("bf16-mixed", False), ("16-mixed", False), ("bf16-mixed", True), ("16-mixed", True)]
-    if not cuda:  # no fp16 autocast on CPUs here, and FSDP's CPU offload pins memory: it needs an accelerator
-        configs = [("bf16-mixed", False), ("32-true", False)]
-    if args.only:
-        configs = [c for c in configs if f"{c[0]}, CPU offload {'on' if c[1] else 'off'}" == args.only]
-        if not configs:
-            parser.error(f"--only {args.only!r}: no such run")
+    configs = run_configs(args, parser, cuda)
     stem = NOTEBOOK + (f"_{slug(args.only)}" if args.only else "")
     p = {**parameter_defaults(NOTEBOOK), "NUM_WORKERS": 1, "USE_GPU": True, "CLUSTER": {"p5.48xlarge": 1}}
     p.update(MODEL_NAME=str(work / "model"), MAX_SEQ_LEN=seq, BATCH_SIZE_PER_WORKER=batch)
@@ -203,46 +262,9 @@ def main() -> None:
     header = {**base, "num_params": num_params, "model": SMOKE if args.smoke else FULL, "method": __doc__}
     runs, checkpoints, lesson_parts = [], [], (lesson["DollyV2Model"], lesson["make_fsdp_strategy"])
 
-    def train(entry: dict) -> str:
-        entry["plan"] = harness.sizing.plan_for(NOTEBOOK, {**p, **entry["parameters"]}).as_dict()
-        per_gpu = [r["need"] for r in entry["plan"]["rows"] if r["where"] == "per GPU"]
-        entry["plan_per_gpu_gib"] = sum(per_gpu) / 2**30
-        if (left := started + args.budget - time.time()) < 35:
-            raise TimeoutError(f"skipped: {left:.0f} s of the time budget left")
-        config = {**base, "precision": entry["precision"], "cpu_offload": entry["cpu_offload"]}
-        config.update(save=not checkpoints, result_file=str(work / f"{len(runs)}.json"))
-        config.update(time_cap=max(10.0, min(45.0, left - 35)), lesson=lesson_parts)
-        t0 = time.time()
-        result = TorchTrainer(
-            train_func,
-            train_loop_config=config,
-            scaling_config=ScalingConfig(num_workers=1, use_gpu=cuda, resources_per_worker={"CPU": cpus}),
-            run_config=RunConfig(name=f"dolly-gpu-{len(runs)}", storage_path=str(work / "ray_results")),
-            datasets={"train": train_ds},
-            dataset_config=DataConfig(enable_shard_locality=False),
-        ).fit()
-        entry.update(json.loads(Path(config["result_file"]).read_text()), run_seconds=time.time() - t0)
-        checkpoints.extend([result.checkpoint] if result.checkpoint else [])
-        allocated, reserved = (entry.get(f"max_memory_{k}_gib", 0) for k in ("allocated", "reserved"))
-        return (
-            f"{entry['steady_step_seconds']:.3f} s/step, {entry['tokens_per_second']:,.0f} tokens/s, peak "
-            f"{allocated:.1f} GiB allocated, {reserved:.1f} reserved (plan {entry['plan_per_gpu_gib']:.1f} per "
-            f"GPU), loss {entry['losses'][0]:.3f} -> {entry['losses'][-1]:.3f}, {entry['run_seconds']:.0f} s"
-        )
-
-    def generate(entry: dict) -> str:  # the notebook's generation cell: a Ray task with a GPU, the checkpoint
-        if (left := started + args.budget - time.time()) < 20:
-            raise TimeoutError(f"skipped: {left:.0f} s of the time budget left")
-        ref, t0 = lesson["generate"].remote(checkpoints[0], p["MODEL_NAME"], PROMPTS), time.time()
-        try:
-            texts = ray.get(ref, timeout=min(90.0, left))
-        except Exception:
-            # A task still holding the GPU would starve the runs after it.
-            with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
-            raise
-        entry.update(texts=texts, dtype=str(lesson["HALF"]), seconds=time.time() - t0)
-        return f"{entry['seconds']:.1f} s, {entry['dtype']}, {entry['texts']!r}"[:300]
+    ctx = dict(p=p, started=started, budget=args.budget, base=base, checkpoints=checkpoints, runs=runs)
+    ctx.update(work=work, lesson=lesson, lesson_parts=lesson_parts, cpus=cpus, cuda=cuda, train_ds=train_ds)
+    train, generate = functools.partial(train_one, ctx), functools.partial(generate_once, ctx)
 
     for precision, offload in configs:
         label = f"{precision}, CPU offload {'on' if offload else 'off'}"

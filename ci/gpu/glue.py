@@ -116,6 +116,29 @@ def numpy_compute_metrics(task: str):
     return compute_metrics
 
 
+def summarise(entry: dict, cuda: bool) -> str:
+    """The run's losses, evaluation and checks from the Trainer's log history, into `entry`; its line."""
+    history = entry["log_history"]
+    entry["losses"] = [h["loss"] for h in history if "loss" in h]
+    entry["eval"] = next((h for h in history if "eval_loss" in h), None)
+    entry["trainer_train_samples_per_second"] = next(
+        (h["train_samples_per_second"] for h in history if "train_samples_per_second" in h), None
+    )
+    entry["checks"] = {
+        "use_cpu_off": entry["use_cpu"] is False,
+        "model_on_cuda": entry["model_device"] == "cuda",
+    }
+    line = (
+        f"{entry['samples_per_second']:,.0f} samples/s ({entry['trainer_train_samples_per_second']} by the "
+        f"Trainer), use_cpu={entry['use_cpu']}, model on {entry['model_device']}, peak "
+        f"{entry.get('max_memory_allocated_gib', 0):.2f} GiB allocated, "
+        f"{entry.get('max_memory_reserved_gib', 0):.2f} reserved, {entry['run_seconds']:.0f} s"
+    )
+    if cuda and not all(entry["checks"].values()):
+        raise AssertionError(f"not on the GPU: {line}")
+    return line
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -175,25 +198,7 @@ def main() -> None:
             ),
         ).fit()
         entry.update(json.loads(Path(result_file).read_text()), run_seconds=time.time() - t0)
-        history = entry["log_history"]
-        entry["losses"] = [h["loss"] for h in history if "loss" in h]
-        entry["eval"] = next((h for h in history if "eval_loss" in h), None)
-        entry["trainer_train_samples_per_second"] = next(
-            (h["train_samples_per_second"] for h in history if "train_samples_per_second" in h), None
-        )
-        entry["checks"] = {
-            "use_cpu_off": entry["use_cpu"] is False,
-            "model_on_cuda": entry["model_device"] == "cuda",
-        }
-        line = (
-            f"{entry['samples_per_second']:,.0f} samples/s ({entry['trainer_train_samples_per_second']} by the "
-            f"Trainer), use_cpu={entry['use_cpu']}, model on {entry['model_device']}, peak "
-            f"{entry.get('max_memory_allocated_gib', 0):.2f} GiB allocated, "
-            f"{entry.get('max_memory_reserved_gib', 0):.2f} reserved, {entry['run_seconds']:.0f} s"
-        )
-        if cuda and not all(entry["checks"].values()):
-            raise AssertionError(f"not on the GPU: {line}")
-        return line
+        return summarise(entry, cuda)
 
     plan = harness.sizing.plan_for(NOTEBOOK, p)  # None: GLUE's notebook has no "will it fit?" plan
     runs = [attempt({"label": f"distilbert {p['TASK']}, {steps} steps", "plan": plan}, train)]

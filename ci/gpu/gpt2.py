@@ -133,14 +133,94 @@ def summary(run: dict) -> str:
     )
 
 
-def main() -> int:
+def arguments():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for gpt2_deepspeed.json")
     parser.add_argument("--smoke", action="store_true", help="tiny GPT-2 on a CPU worker")
     parser.add_argument("--steps", type=int, help="steps per run (10; smoke: 3)")
     parser.add_argument("--skip", type=int, help="first steps left out of the timings (2; smoke: 1)")
     parser.add_argument("--budget", type=float, default=150.0, help="seconds for the whole script")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def start_build(log_path: Path) -> subprocess.Popen:
+    """DeepSpeed's CPU Adam (offload), compiled in the background from the start, behind the runs' own CPU work."""
+    with open(log_path, "w") as log:
+        nice = ["nice", "-n", "10"] if shutil.which("nice") else []
+        return subprocess.Popen([*nice, sys.executable, "-c", BUILD], stdout=log, stderr=subprocess.STDOUT)
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """A local Ray with a notebook's settings, and its workers' (the GPU allocator's)."""
+    import ray
+
+    from harness.cluster import LOCAL_RAY_ENV, RAY_ENV, WORKER_ENV
+
+    for var, value in {**RAY_ENV, **LOCAL_RAY_ENV}.items():
+        os.environ.setdefault(var, value)
+    ray.init(include_dashboard=False, num_cpus=num_cpus, runtime_env={"env_vars": dict(WORKER_ENV)})
+
+
+def plan_of(p: dict, stage: int, offload: str) -> dict:
+    """{"plan": the notebook's plan for this stage and offload}, or {"plan_error": why not}."""
+    try:
+        return {
+            "plan": harness.sizing.plan_for(
+                NOTEBOOK, {**p, "ZERO_STAGE": stage, "OFFLOAD": offload}
+            ).as_dict()
+        }
+    except Exception as e:  # noqa: BLE001 - the measurement matters more
+        return {"plan_error": repr(e)}
+
+
+def random_model(folder: str, smoke: bool) -> dict:
+    """GPT-2 124M (GPT2Config's defaults), or a 2-layer one with `smoke`, with random weights, saved in
+    `folder`; its sizes and parameter count."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    small = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, bos_token_id=0, eos_token_id=0)
+    model_config = GPT2Config(**(small if smoke else {}))
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(model_config)
+    model.save_pretrained(folder)
+    info = {k: getattr(model_config, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}
+    return {**info, "parameters": sum(t.numel() for t in model.parameters())}
+
+
+def fit_within(trainer, run: dict, result_file: Path, left: float) -> str | None:
+    """`trainer.fit()` within `left` seconds (an alarm), its worker's results into `run`; a reason to run no
+    more (the budget ran out, SIGTERM, Ctrl-C), else None. An error of the run is recorded, and the next goes on."""
+    stop = None
+    started = time.monotonic()
+    signal.alarm(max(1, int(left)))
+    try:
+        trainer.fit()
+        run.update(json.loads(result_file.read_text()))
+    except Exception as e:  # noqa: BLE001 - recorded; the next stage goes on
+        run["error"] = f"{type(e).__name__}: {e}"[-4000:]
+    except BaseException as e:  # the budget's alarm, SIGTERM or Ctrl-C: no more runs
+        why = "the time budget (--budget) ran out" if EXPIRED else f"{type(e).__name__} {e}"
+        run["error"] = stop = f"interrupted: {why}"
+    finally:
+        signal.alarm(0)
+    run["fit_s"] = round(time.monotonic() - started, 1)
+    return stop
+
+
+def finish_build(build: subprocess.Popen, log: Path) -> dict:
+    """Stop DeepSpeed's CPU Adam build if it still runs; its return code and the end of its log."""
+    if build.poll() is None:  # SIGINT: torch's build releases its lock on the way out (SIGTERM would not)
+        build.send_signal(signal.SIGINT)
+    try:
+        outcome = {"returncode": build.wait(timeout=30)}
+    except subprocess.TimeoutExpired:
+        outcome = {"returncode": "still running"}
+    return {**outcome, "log_tail": log.read_text()[-1500:]}
+
+
+def main() -> int:
+    args = arguments()
     clock = time.monotonic()
     steps = args.steps or (3 if args.smoke else 10)
     skip = args.skip if args.skip is not None else (1 if args.smoke else 2)
@@ -153,56 +233,34 @@ def main() -> int:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from harness.cluster import LOCAL_RAY_ENV, RAY_ENV, WORKER_ENV
 
     tmp = Path(tempfile.mkdtemp(prefix="gpt2_gpu_"))
-    with open(tmp / "cpu_adam.log", "w") as log:
-        nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # behind the runs' own CPU work
-        build = subprocess.Popen([*nice, sys.executable, "-c", BUILD], stdout=log, stderr=subprocess.STDOUT)
+    build = start_build(tmp / "cpu_adam.log")
     p = {**notebook_parameters(), "NUM_WORKERS": 1, "USE_GPU": not args.smoke, "CLUSTER": {"p5.48xlarge": 1}}
     if args.smoke:
         p.update(MAX_SEQ_LEN=64, CPUS_PER_WORKER=1)
-    small = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, bos_token_id=0, eos_token_id=0)
-    model_config = GPT2Config(**(small if args.smoke else {}))  # else GPT2Config's defaults: GPT-2 124M
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(model_config)
     p["MODEL_NAME"] = str(tmp / "gpt2-random")
-    model.save_pretrained(p["MODEL_NAME"])
-    model_info = {k: getattr(model_config, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}
-    model_info["parameters"] = sum(t.numel() for t in model.parameters())
-    del model
+    model_info = random_model(p["MODEL_NAME"], args.smoke)
     ns = lesson_namespace(NOTEBOOK, p)
     # its cell also builds and shows the default config: only the definition is taken
     make_ds_config = lesson_cells(ns, NOTEBOOK, ("make_ds_config",), skip=("ds_config",))["make_ds_config"]
     config = {"parameters": p, "model": model_info, "steps": steps, "skip": skip, "smoke": args.smoke}
     result = {"environment": environment(), "config": config, "runs": []}
     out = Path(args.out) / f"{NOTEBOOK}.json"
-    for var, value in {**RAY_ENV, **LOCAL_RAY_ENV}.items():
-        os.environ.setdefault(var, value)
-    ray.init(
-        include_dashboard=False,
-        num_cpus=2 if args.smoke else max(os.cpu_count() or 1, p["CPUS_PER_WORKER"] + 1),
-        runtime_env={"env_vars": dict(WORKER_ENV)},  # the notebook's workers' settings (the GPU allocator's)
-    )
+    start_local_ray(2 if args.smoke else max(os.cpu_count() or 1, p["CPUS_PER_WORKER"] + 1))
     common = dict(
         setup=ns["setup_model_and_optimizer"], train_epoch=ns["train_epoch"], model_name=p["MODEL_NAME"]
     )
     common.update(
         learning_rate=p["LEARNING_RATE"], batch_size=p["BATCH_SIZE_PER_WORKER"], seq_len=p["MAX_SEQ_LEN"]
     )
-    common.update(steps=steps, skip=skip, vocab_size=model_config.vocab_size)
+    common.update(steps=steps, skip=skip, vocab_size=model_info["vocab_size"])
     signal.signal(signal.SIGALRM, on_alarm)
     stop = None
     for stage, offload in RUNS:
         run = {"zero_stage": stage, "offload": offload}
         result["runs"].append(run)
-        try:
-            plan = harness.sizing.plan_for(NOTEBOOK, {**p, "ZERO_STAGE": stage, "OFFLOAD": offload})
-            run["plan"] = plan.as_dict()
-        except Exception as e:  # noqa: BLE001 - the measurement matters more
-            run["plan_error"] = repr(e)
+        run.update(plan_of(p, stage, offload))
         left = args.budget - (time.monotonic() - clock)
         if stop or left < 20:
             run["error"] = f"not run: {stop or f'{left:.0f} s of the budget left'}"
@@ -223,28 +281,10 @@ def main() -> int:
                 failure_config=FailureConfig(max_failures=0),
             ),
         )
-        started = time.monotonic()
-        signal.alarm(max(1, int(left)))
-        try:
-            trainer.fit()
-            run.update(json.loads(result_file.read_text()))
-        except Exception as e:  # noqa: BLE001 - recorded; the next stage goes on
-            run["error"] = f"{type(e).__name__}: {e}"[-4000:]
-        except BaseException as e:  # the budget's alarm, SIGTERM or Ctrl-C: no more runs
-            why = "the time budget (--budget) ran out" if EXPIRED else f"{type(e).__name__} {e}"
-            run["error"] = stop = f"interrupted: {why}"
-        finally:
-            signal.alarm(0)
-        run["fit_s"] = round(time.monotonic() - started, 1)
+        stop = fit_within(trainer, run, result_file, left)
         print(summary(run), flush=True)
         write_result(out, result)
-    if build.poll() is None:  # SIGINT: torch's build releases its lock on the way out (SIGTERM would not)
-        build.send_signal(signal.SIGINT)
-    try:
-        config["cpu_adam_build"] = {"returncode": build.wait(timeout=30)}
-    except subprocess.TimeoutExpired:
-        config["cpu_adam_build"] = {"returncode": "still running"}
-    config["cpu_adam_build"]["log_tail"] = (tmp / "cpu_adam.log").read_text()[-1500:]
+    config["cpu_adam_build"] = finish_build(build, tmp / "cpu_adam.log")
     config["wall_s"] = round(time.monotonic() - clock, 1)
     write_result(out, result)
     ray.shutdown()

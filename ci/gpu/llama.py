@@ -32,7 +32,15 @@ from pathlib import Path
 
 import basics.flops
 import harness.sizing
-from ci.gpu.common import ROOT, environment, lesson_namespace, live_at_peak, slug, write_result
+from ci.gpu.common import (
+    ROOT,
+    environment,
+    lesson_namespace,
+    live_at_peak,
+    outside_ray_train,
+    slug,
+    write_result,
+)
 
 # A Llama 2 architecture at 3.4B (head_dim 128 as in Llama 2): 16 bytes per parameter fit an 80 GB GPU.
 FULL = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24)
@@ -56,36 +64,150 @@ def build_model(folder: Path, sizes: dict, device: str) -> None:
         torch.cuda.empty_cache()  # the workers need the GPU's memory, not this process's cache
 
 
+def lesson_parameters(config: dict) -> dict:
+    """What the notebook's defining cells read from cells this run does not execute: LoRA's rank and alpha,
+    and, for llama_lora's `trainable_token_indices`, its chat tokens as rows at the vocabulary's end (where
+    `add_tokens` puts them) from a stand-in for the tokenizer, which a random-weight model has none of."""
+    import types
+
+    chat_tokens = ["<|system|>", "<|prompter|>", "<|assistant|>", "<|endoftext|>"]
+    vocab = config["vocab_size"]
+    tokenizer = types.SimpleNamespace(
+        convert_tokens_to_ids=lambda tokens: list(range(vocab - len(tokens), vocab))
+    )
+    params = {"LORA_RANK": config["lora_rank"], "LORA_ALPHA": config["lora_rank"]}
+    return {**params, "CHAT_TOKENS": chat_tokens, "tokenizer": tokenizer}
+
+
+def _device():
+    """Join the process group (under torchrun; Ray Train has set it up already); (cuda, this rank's device)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if not torch.cuda.is_available():
+        return False, torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    return True, device
+
+
+def _load(lesson: dict, config: dict, rank: int, device, cuda: bool):
+    """The notebook's loading and sharding: (model, attention implementation)."""
+    if config["notebook"] == "llama_fsdp":
+        model, loading = lesson["load_and_shard"](config, rank, device, pretrained=True)
+        return model, loading["attn"]
+    # llama_lora: its load_model and shard_model, with the notebook's `lora` config (its load_and_shard reads
+    # that config from Ray's object store, and fetches the model onto the node first)
+    attn = lesson["helpers"].choose_attention(config["use_flash_attn"], use_gpu=cuda)
+    skeleton, full = lesson["load_model"](
+        config["model_name"], config["vocab_size"], rank, attn, True, lesson["lora"]
+    )
+    return lesson["shard_model"](skeleton, full, device, config["use_gradient_checkpointing"], True), attn
+
+
+def _timed_steps(lesson: dict, model, optimizer, scheduler, packed, config: dict, device, cuda: bool):
+    """The notebook's steps, each timed to the loss's arrival: (seconds, losses, when the first ended)."""
+    import torch
+
+    seconds, losses, first_step_at = [], [], None
+    for step in range(config["max_steps"]):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        batches = lesson["my_micro_batches"](step, config, len(packed))  # this rank's rows, per micro-step
+        loss = lesson["train_step"](model, optimizer, scheduler, packed, batches, device)
+        losses.append(loss.item())  # waits for the step
+        seconds.append(time.perf_counter() - t0)
+        first_step_at = first_step_at or time.time()
+    return seconds, losses, first_step_at
+
+
+def _peak_memory(cuda: bool, device, history) -> dict:
+    """The GPU's peaks, and with `history` the tensors alive at the peak (the history itself into that file)."""
+    import torch
+
+    if not cuda:
+        return {}
+    peak = {
+        "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        "device_total_gib": torch.cuda.get_device_properties(device).total_memory / 2**30,
+    }
+    if history:
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        with gzip.open(history, "wb") as f:
+            pickle.dump(snapshot, f)
+        peak["memory_at_peak"] = live_at_peak(snapshot)
+    return peak
+
+
+def _counted_flops(model, optimizer, packed, config: dict, device):
+    """The FLOPs of one micro-step (forward and backward, the recomputed forward included) as torch counts
+    them; the error as text where it cannot (the figure is a cross-check, the run stands without it)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        batch = packed[: config["batch_size_per_worker"]].long().to(device)
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.zero_grad(set_to_none=True)
+        return counter.get_total_flops()
+    except Exception as error:  # noqa: BLE001
+        return f"{type(error).__name__}: {error}"
+
+
+def _checks_after(
+    lesson: dict, model, optimizer, config: dict, rank: int, cuda: bool, frozen, steps: int
+) -> dict:
+    """LoRA's frozen base unchanged (an all-reduce of a GPU tensor: a CPU one fails under NCCL), and the
+    notebook's save_sharded under NCCL (its writer threads and collectives), timed, with `save_to`."""
+    import torch
+
+    saved = {}
+    if frozen is not None:
+        from basics.sharding import frozen_tensors_changed
+
+        saved["frozen_tensors_changed"] = frozen_tensors_changed(model, frozen)
+    if not config.get("save_to"):
+        return saved
+    import pyarrow.fs as pafs
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if cuda else 0
+    t0 = time.perf_counter()
+    lesson["save_sharded"](model, optimizer, {"step": steps}, rank, pafs.LocalFileSystem(), config["save_to"])
+    files = list(Path(config["save_to"]).rglob("*"))
+    return saved | {
+        "save_seconds": time.perf_counter() - t0,
+        "save_bytes": sum(f.stat().st_size for f in files if f.is_file()),
+        "save_files": sorted(f.name for f in files),
+        "save_gpu_peak_over_before_gib": (torch.cuda.max_memory_allocated() - before) / 2**30
+        if cuda
+        else None,
+    }
+
+
 def train(config: dict) -> dict:
     """One worker's run: the notebook's loading, optimizer and steps, timed; rank 0 writes the result."""
     import torch
     import torch.distributed as dist
 
-    if not dist.is_initialized():  # under torchrun (Ray Train has set it up already)
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    cuda, device = _device()
     rank = dist.get_rank()
-    cuda = torch.cuda.is_available()
-    if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     history = cuda and config.get("memory_history")  # CUDA's allocator history, from before the loading
     if history:
         torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    params = {"LORA_RANK": config["lora_rank"], "LORA_ALPHA": config["lora_rank"]}
-    lesson = lesson_namespace(config["notebook"], params)
-    helpers = lesson["helpers"]
+    lesson = lesson_namespace(config["notebook"], lesson_parameters(config))
+    import helpers.llama_recipe
+
+    for name in ("shard_model", "my_micro_batches", "train_step", "save_sharded"):  # what llama_lora imports
+        lesson.setdefault(name, getattr(helpers.llama_recipe, name))  # from llama_fsdp, as the notebook does
     started = time.time()
-    if "load_and_shard" in lesson:  # llama_fsdp
-        model, loading = lesson["load_and_shard"](config, rank, device, pretrained=True)
-        attn = loading["attn"]
-    else:  # llama_lora: its train_func loads inline, with the notebook's `lora` config
-        attn = helpers.choose_attention(config["use_flash_attn"], use_gpu=cuda)
-        skeleton, full = lesson["load_model"](
-            config["model_name"], config["vocab_size"], rank, attn, True, lesson["lora"]
-        )
-        model = lesson["shard_model"](skeleton, full, device, config["use_gradient_checkpointing"], True)
+    model, attn = _load(lesson, config, rank, device, cuda)
     loaded = time.time()
     optimizer, scheduler = lesson["make_optimizer"](model, config)
     num_params = sum(p.numel() for p in model.parameters())  # the DTensors' global sizes
@@ -99,65 +221,12 @@ def train(config: dict) -> dict:
 
         frozen = frozen_fingerprint(model)
     model.train()
-    seconds, losses, first_step_at = [], [], None
-    for step in range(config["max_steps"]):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = lesson["train_step"](model, optimizer, scheduler, packed, step, config, device)
-        losses.append(loss.item())  # waits for the step
-        seconds.append(time.perf_counter() - t0)
-        if first_step_at is None:
-            first_step_at = time.time()
-    peak = {}
-    if cuda:
-        peak = {
-            "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
-            "device_total_gib": torch.cuda.get_device_properties(device).total_memory / 2**30,
-        }
-    if history:  # the tensors alive at the peak, by where they were allocated; the history itself
-        snapshot = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        with gzip.open(history, "wb") as f:
-            pickle.dump(snapshot, f)
-        peak["memory_at_peak"] = live_at_peak(snapshot)
-    # The FLOPs of one micro-step (forward and backward, the recomputed forward included) as counted.
-    counted = None
-    try:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        batch = packed[: config["batch_size_per_worker"]].long().to(device)
-        with FlopCounterMode(display=False) as counter:
-            model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.zero_grad(set_to_none=True)
-        counted = counter.get_total_flops()
-    except Exception as error:  # the figure is a cross-check; the run stands without it
-        counted = f"{type(error).__name__}: {error}"
-    saved = {}
-    if frozen is not None:  # an all-reduce of a GPU tensor: a CPU one fails under NCCL
-        from basics.sharding import frozen_tensors_changed
-
-        saved["frozen_tensors_changed"] = frozen_tensors_changed(model, frozen)
-    if config.get("save_to"):  # the notebook's save_sharded, under NCCL: its writer threads and collectives
-        import pyarrow.fs as pafs
-
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated() if cuda else 0
-        t0 = time.perf_counter()
-        lesson["save_sharded"](
-            model, optimizer, {"step": len(seconds)}, rank, pafs.LocalFileSystem(), config["save_to"]
-        )
-        files = list(Path(config["save_to"]).rglob("*"))
-        saved |= {
-            "save_seconds": time.perf_counter() - t0,
-            "save_bytes": sum(f.stat().st_size for f in files if f.is_file()),
-            "save_files": sorted(f.name for f in files),
-            "save_gpu_peak_over_before_gib": (torch.cuda.max_memory_allocated() - before) / 2**30
-            if cuda
-            else None,
-        }
+    seconds, losses, first_step_at = _timed_steps(
+        lesson, model, optimizer, scheduler, packed, config, device, cuda
+    )
+    peak = _peak_memory(cuda, device, history)
+    counted = _counted_flops(model, optimizer, packed, config, device)
+    saved = _checks_after(lesson, model, optimizer, config, rank, cuda, frozen, len(seconds))
     steady = seconds[1:]
     step_s = sum(steady) / len(steady)
     tokens_per_step = config["global_batch"] * config["seq_len"]
@@ -247,6 +316,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.worker:
+        outside_ray_train()  # torchrun's process
         train(json.loads(args.worker))
         return
     import ray

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import basics.flops
-from ci.gpu.common import environment, lesson_namespace, write_result
+from ci.gpu.common import environment, lesson_namespace, outside_ray_train, write_result
 from ci.gpu.llama import FULL, SMOKE, build_model
 
 
@@ -120,6 +120,186 @@ def profile_summary(prof, wall_seconds: float) -> dict:
     }
 
 
+class StepStudy:
+    """The notebook's model, optimizer and step on one device, re-set per variant (checkpointing, compiling,
+    micro-batch, fused AdamW) and timed; each variant's figures in `results`."""
+
+    def __init__(self, args, work: Path) -> None:
+        import torch
+
+        self.args, self.out, self.cuda = args, Path(args.out), torch.cuda.is_available()
+        self.stem = "llama_step" if args.variants == "study" else f"llama_step_{args.variants}"
+        self.device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        torch.distributed.init_process_group(
+            "nccl" if self.cuda else "gloo", init_method=f"file://{work}/rendezvous", rank=0, world_size=1
+        )
+        outside_ray_train()  # one process, no Ray: the notebook's barrier is the process group's
+        torch._dynamo.config.cache_size_limit = 64  # the layers share one compiled graph; room for recompiles
+        build_model(work / "model", SMOKE if args.smoke else FULL, "cuda" if self.cuda else "cpu")
+        self.config = {
+            "model_name": str(work / "model"),
+            "vocab_size": 32000,
+            "use_flash_attn": True,
+            "use_gradient_checkpointing": True,
+            "use_compile": False,  # each variant compiles the layers itself (run_layers_as)
+            "seq_len": 64 if args.smoke else 2048,
+            "batch_size_per_worker": 2,
+            "global_batch": 4 if args.smoke else 16,
+            "learning_rate": 5e-5,
+            "weight_decay": 0.01,
+            "warmup_ratio": 0.03,
+            "max_steps": 1000,
+            "seed": 42,
+        }
+        self.lesson = lesson_namespace("llama_fsdp", {})
+        self.model, loading = self.lesson["load_and_shard"](self.config, 0, self.device, pretrained=True)
+        self.optimizer, self.scheduler = self.lesson["make_optimizer"](self.model, self.config)
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        self.peak_flops = basics.flops.dense_peak_flops(self.device, torch.bfloat16)
+        self.tokens_per_step = self.config["global_batch"] * self.config["seq_len"]
+        rows = (self.config["global_batch"] * 64, self.config["seq_len"])
+        self.packed = torch.randint(0, 32000, rows, generator=torch.Generator().manual_seed(0)).to(
+            torch.int32
+        )
+        self.layers, self.step, self.optimizer_seconds = list(self.model.get_decoder().layers), 0, []
+        self._time_the_optimizer()
+        self.results = {
+            "environment": environment(),
+            "model": SMOKE if args.smoke else FULL,
+            "num_params": self.num_params,
+            "attn_implementation": loading["attn"],
+            "seq_len": self.config["seq_len"],
+            "global_batch": self.config["global_batch"],
+            "peak_flops_per_gpu": self.peak_flops,
+            "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "method": __doc__,
+            "variants": [],
+        }
+
+    def _time_the_optimizer(self) -> None:
+        """CUDA events around the optimizer's step: no synchronisation added."""
+        import torch
+
+        step_of_optimizer = self.optimizer.step
+
+        def timed_optimizer_step(*a, **k):
+            if not self.cuda:
+                return step_of_optimizer(*a, **k)
+            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            result = step_of_optimizer(*a, **k)
+            finish.record()
+            self.optimizer_seconds.append((begin, finish))
+            return result
+
+        self.optimizer.step = timed_optimizer_step
+
+    def run_layers_as(self, every_n: int, compiled: bool, micro: int) -> None:
+        """Checkpoint every n-th layer (0: none), compile each layer or not, `micro` sequences per micro-step."""
+        if every_n:
+            self.model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n)
+        else:
+            self.model.activation_checkpointing_disable()
+        for layer in self.layers:
+            if compiled:
+                layer.compile()
+            else:
+                layer._compiled_call_impl = None  # what nn.Module.compile set
+        self.config["batch_size_per_worker"] = micro
+
+    def one_step(self) -> float:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        batches = self.lesson["my_micro_batches"](self.step, self.config, len(self.packed))
+        self.lesson["train_step"](
+            self.model, self.optimizer, self.scheduler, self.packed, batches, self.device
+        ).item()
+        self.step += 1
+        return time.perf_counter() - t0
+
+    def profiled_step(self, name: str) -> dict:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        del self.optimizer_seconds[:]
+        with profile(activities=activities) as prof:
+            wall = self.one_step()
+        summary = profile_summary(prof, wall)
+        if self.cuda and self.optimizer_seconds:
+            begin, finish = self.optimizer_seconds[0]
+            summary["optimizer_seconds"] = begin.elapsed_time(finish) / 1e3
+        sort = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+        (self.out / f"{self.stem}_{name}.txt").write_text(
+            prof.key_averages().table(sort_by=sort, row_limit=40)
+        )
+        return summary
+
+    def measure(self, variant: Variant, steps: int) -> dict:
+        """One variant: its first step (which compiles, where compiled), then `steps` steps timed."""
+        import torch
+
+        entry = self.described(variant)
+        torch._dynamo.reset()
+        self.run_layers_as(variant.every_n, variant.compiled, variant.micro)
+        if variant.fused and not self.optimizer.param_groups[0]["fused"]:
+            self.optimizer.state.clear()  # fused keeps its step counts on the GPU: new state, the old freed
+            for group in self.optimizer.param_groups:
+                group.update(foreach=False, fused=True)
+        entry["fused_optimizer"] = bool(self.optimizer.param_groups[0]["fused"])
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        entry["first_step_seconds"] = self.one_step()
+        seconds = [self.one_step() for _ in range(steps)]
+        step_s = sum(seconds) / len(seconds)
+        mfu = basics.flops.model_flops_utilization(
+            self.num_params, self.tokens_per_step, step_s, 1, self.peak_flops
+        )
+        entry |= {
+            "step_seconds": seconds,
+            "steady_step_seconds": step_s,
+            "tokens_per_second": self.tokens_per_step / step_s,
+            "mfu": mfu,
+        }
+        if self.cuda:
+            entry["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            entry["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        if variant.every_n == 1 and not variant.compiled:
+            entry["profile"] = self.profiled_step("notebook")
+        print(
+            f"{variant.label}: {step_s:.3f} s/step, MFU {mfu if mfu is None else round(mfu, 3)}, "
+            f"first step {entry['first_step_seconds']:.1f} s, peak {entry.get('max_memory_allocated_gib', 0):.1f} GiB",
+            flush=True,
+        )
+        return entry
+
+    @staticmethod
+    def described(variant: Variant) -> dict:
+        return {
+            "label": variant.label,
+            "checkpoint_every_n_layers": variant.every_n,
+            "compiled": variant.compiled,
+            "micro_batch": variant.micro,
+        }
+
+    def failed(self, variant: Variant) -> dict:
+        """A variant that raised: its traceback, and the memory it held given back."""
+        import torch
+
+        label = variant.label
+        entry = {**self.described(variant), "error": traceback.format_exc()[-2000:]}
+        print(f"{label}: FAILED\n{entry['error']}", flush=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return entry
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -128,173 +308,34 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=400, help="seconds; no variant starts after it")
     args = parser.parse_args()
     started = time.time()
-    import torch
     import torch.distributed as dist
 
-    out, work = Path(args.out), Path(tempfile.mkdtemp(prefix="llama-step-"))
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "llama_step" if args.variants == "study" else f"llama_step_{args.variants}"
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", init_method=f"file://{work}/rendezvous", rank=0, world_size=1
-    )
-    torch._dynamo.config.cache_size_limit = 64  # the layers share one compiled graph; room for recompiles
-    build_model(work / "model", SMOKE if args.smoke else FULL, "cuda" if cuda else "cpu")
-    config = {
-        "model_name": str(work / "model"),
-        "vocab_size": 32000,
-        "use_flash_attn": True,
-        "use_gradient_checkpointing": True,
-        "seq_len": 64 if args.smoke else 2048,
-        "batch_size_per_worker": 2,
-        "global_batch": 4 if args.smoke else 16,
-        "learning_rate": 5e-5,
-        "weight_decay": 0.01,
-        "warmup_ratio": 0.03,
-        "max_steps": 1000,
-        "seed": 42,
-    }
-    lesson = lesson_namespace("llama_fsdp", {})
-    model, loading = lesson["load_and_shard"](config, 0, device, pretrained=True)
-    optimizer, scheduler = lesson["make_optimizer"](model, config)
-    num_params = sum(p.numel() for p in model.parameters())
-    peak_flops = basics.flops.dense_peak_flops(device, torch.bfloat16)
-    tokens_per_step = config["global_batch"] * config["seq_len"]
-    generator = torch.Generator().manual_seed(0)
-    packed = torch.randint(0, 32000, (config["global_batch"] * 64, config["seq_len"]), generator=generator)
-    packed = packed.to(torch.int32)
-    layers = list(model.get_decoder().layers)
-    optimizer_seconds: list = []
-    step_of_optimizer = optimizer.step
-
-    def timed_optimizer_step(*a, **k):  # CUDA events around the optimizer: no synchronisation added
-        if not cuda:
-            return step_of_optimizer(*a, **k)
-        begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        result = step_of_optimizer(*a, **k)
-        finish.record()
-        optimizer_seconds.append((begin, finish))
-        return result
-
-    optimizer.step = timed_optimizer_step
-    step = 0
-    results = {
-        "environment": environment(),
-        "model": SMOKE if args.smoke else FULL,
-        "num_params": num_params,
-        "attn_implementation": loading["attn"],
-        "seq_len": config["seq_len"],
-        "global_batch": config["global_batch"],
-        "peak_flops_per_gpu": peak_flops,
-        "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-        "method": __doc__,
-        "variants": [],
-    }
-
-    def run_layers_as(every_n: int, compiled: bool, micro: int) -> None:
-        """Checkpoint every n-th layer (0: none), compile each layer or not, `micro` sequences per micro-step."""
-        if every_n:
-            model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n)
-        else:
-            model.activation_checkpointing_disable()
-        for layer in layers:
-            if compiled:
-                layer.compile()
-            else:
-                layer._compiled_call_impl = None  # what nn.Module.compile set
-        config["batch_size_per_worker"] = micro
-
-    def one_step() -> float:
-        nonlocal step
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        lesson["train_step"](model, optimizer, scheduler, packed, step, config, device).item()
-        step += 1
-        return time.perf_counter() - t0
-
-    def profiled_step(name: str) -> dict:
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        del optimizer_seconds[:]
-        with profile(activities=activities) as prof:
-            wall = one_step()
-        summary = profile_summary(prof, wall)
-        if cuda and optimizer_seconds:
-            summary["optimizer_seconds"] = optimizer_seconds[0][0].elapsed_time(optimizer_seconds[0][1]) / 1e3
-        sort = "self_device_time_total" if cuda else "self_cpu_time_total"
-        (out / f"{stem}_{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
-        return summary
-
-    steps_per_variant = 2 if args.smoke else 5
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="llama-step-"))
+    study = StepStudy(args, work)
+    result_file = study.out / f"{study.stem}.json"
     fastest = None
     for variant in SETS[args.variants]:
-        label, every_n, compiled, micro, fused = variant
         if time.time() - started > args.budget:
-            results["variants"].append({"label": label, "skipped": "out of time"})
+            study.results["variants"].append({"label": variant.label, "skipped": "out of time"})
             continue
-        entry = {
-            "label": label,
-            "checkpoint_every_n_layers": every_n,
-            "compiled": compiled,
-            "micro_batch": micro,
-        }
         try:
-            torch._dynamo.reset()
-            run_layers_as(every_n, compiled, micro)
-            if fused and not optimizer.param_groups[0]["fused"]:
-                optimizer.state.clear()  # fused keeps its step counts on the GPU: new state, the old freed
-                for group in optimizer.param_groups:
-                    group.update(foreach=False, fused=True)
-            entry["fused_optimizer"] = bool(optimizer.param_groups[0]["fused"])
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            entry["first_step_seconds"] = one_step()  # compiles, where compiled
-            seconds = [one_step() for _ in range(steps_per_variant)]
-            step_s = sum(seconds) / len(seconds)
-            entry |= {
-                "step_seconds": seconds,
-                "steady_step_seconds": step_s,
-                "tokens_per_second": tokens_per_step / step_s,
-                "mfu": basics.flops.model_flops_utilization(
-                    num_params, tokens_per_step, step_s, 1, peak_flops
-                ),
-            }
-            if cuda:
-                entry["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-                entry["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-            if every_n == 1 and not compiled:
-                entry["profile"] = profiled_step("notebook")
-            if fastest is None or step_s < fastest[1]:
-                fastest = (entry, step_s, variant)
-            print(
-                f"{label}: {step_s:.3f} s/step, MFU {entry['mfu'] if entry['mfu'] is None else round(entry['mfu'], 3)}, "
-                f"first step {entry['first_step_seconds']:.1f} s, peak {entry.get('max_memory_allocated_gib', 0):.1f} GiB",
-                flush=True,
-            )
-        except Exception:
-            entry["error"] = traceback.format_exc()[-2000:]
-            print(f"{label}: FAILED\n{entry['error']}", flush=True)
-            optimizer.zero_grad(set_to_none=True)
-            gc.collect()
-            if cuda:
-                torch.cuda.empty_cache()
-        results["variants"].append(entry)
-        write_result(out / f"{stem}.json", results)
+            entry = study.measure(variant, 2 if args.smoke else 5)
+            if fastest is None or entry["steady_step_seconds"] < fastest[0]["steady_step_seconds"]:
+                fastest = (entry, variant)
+        except Exception:  # noqa: BLE001 - recorded; the next variant goes on
+            entry = study.failed(variant)
+        study.results["variants"].append(entry)
+        write_result(result_file, study.results)
     if fastest is not None and fastest[0].get("profile") is None and time.time() - started < args.budget + 60:
-        entry, _, variant = fastest
+        entry, variant = fastest
         try:
-            run_layers_as(variant.every_n, variant.compiled, variant.micro)
-            one_step()  # a recompile, if any, stays out of the profile
-            entry["profile"] = profiled_step("fastest")
-        except Exception:
+            study.run_layers_as(variant.every_n, variant.compiled, variant.micro)
+            study.one_step()  # a recompile, if any, stays out of the profile
+            entry["profile"] = study.profiled_step("fastest")
+        except Exception:  # noqa: BLE001
             entry["profile_error"] = traceback.format_exc()[-2000:]
-        write_result(out / f"{stem}.json", results)
+        write_result(result_file, study.results)
     dist.destroy_process_group()
     shutil.rmtree(work, ignore_errors=True)
     print(f"llama_step: {time.time() - started:.0f} s", flush=True)

@@ -39,19 +39,9 @@ for var, value in dict(
 
 def main(stage: int, offload: str, out: str | None, zero: dict | None = None) -> None:
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    import harness.sizing
-    from ci.gpu.common import (
-        environment,
-        lesson_cells,
-        lesson_namespace,
-        live_at_peak,
-        parameter_defaults,
-        slug,
-        write_result,
-    )
+    from ci.gpu.common import lesson_cells, lesson_namespace, slug
 
     cuda = torch.cuda.is_available()
     folder = tempfile.mkdtemp(prefix="zero-memory-")
@@ -71,53 +61,73 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
     ds_config["zero_optimization"].update(zero or {})  # e.g. stage3_prefetch_bucket_size=0
     name = f"zero{stage}_{slug(offload)}"
     print(f"ZeRO-{stage}, offload {offload}, GPT-2 124M, 512 tokens, bf16: tensor memory in GB", flush=True)
+    setup = ns["setup_model_and_optimizer"]
     if cuda:
-        if out:
-            torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
-        phases = {}
+        on_gpu(setup, folder, ds_config, ids, out, name, stage, offload)
+    else:
+        on_cpu(setup, folder, ds_config, ids)
+    shutil.rmtree(folder, ignore_errors=True)
 
-        def phase(label, fn):
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            result = fn()
-            torch.cuda.synchronize()
-            phases[label] = {
-                "peak_allocated": torch.cuda.max_memory_allocated(),
-                "allocated_at_end": torch.cuda.memory_allocated(),
-                "peak_reserved": torch.cuda.max_memory_reserved(),
-            }
-            print(f"  {label:11} peak {phases[label]['peak_allocated'] / 1e9:6.3f}   "
-                  f"at its end {phases[label]['allocated_at_end'] / 1e9:6.3f}", flush=True)  # fmt: skip
-            return result
 
-        engine = phase("set-up", lambda: ns["setup_model_and_optimizer"](folder, 1e-6, ds_config))
-        for i in range(3):
-            loss = phase(f"forward {i}", lambda: engine(input_ids=ids, labels=ids).loss)
-            phase(f"backward {i}", lambda loss=loss: engine.backward(loss))
-            phase(f"step {i}", engine.step)
-            del loss
-        if not out:
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-        snapshot = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        Path(out).mkdir(parents=True, exist_ok=True)
-        with gzip.open(Path(out) / f"{name}.pickle.gz", "wb") as f:
-            pickle.dump(snapshot, f)
-        p = {**parameter_defaults("gpt2_deepspeed"), "NUM_WORKERS": 1, "USE_GPU": True}
-        p.update(ZERO_STAGE=stage, OFFLOAD=offload, CLUSTER={"p5.48xlarge": 1}, BATCH_SIZE_PER_WORKER=1)
-        p.update(MODEL_NAME=folder, MAX_SEQ_LEN=512, PRECISION="bf16")
-        plan = harness.sizing.plan_for("gpt2_deepspeed", p).as_dict()
-        shutil.rmtree(folder, ignore_errors=True)
-        result = dict(environment=environment(), ds_config=ds_config, phases=phases, plan=plan)
-        result.update(live_at_peak(snapshot), method=__doc__)
-        write_result(Path(out) / f"{name}.json", result)
-        for row in result["at_peak_by_site"]:
-            print(f"  {row['bytes'] / 1e6:8.1f} MB in {row['blocks']:4} blocks: {row['site']}")
+def on_gpu(
+    setup, folder: str, ds_config: dict, ids, out: str | None, name: str, stage: int, offload: str
+) -> None:
+    """Each phase's peak and remaining allocated memory, from CUDA's allocator; with `out`, its history at
+    the peak by allocation site, and the plan beside it."""
+    import torch
+
+    import harness.sizing
+    from ci.gpu.common import environment, live_at_peak, parameter_defaults, write_result
+
+    if out:
+        torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
+    phases = {}
+
+    def phase(label, fn):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn()
+        torch.cuda.synchronize()
+        phases[label] = {
+            "peak_allocated": torch.cuda.max_memory_allocated(),
+            "allocated_at_end": torch.cuda.memory_allocated(),
+            "peak_reserved": torch.cuda.max_memory_reserved(),
+        }
+        print(f"  {label:11} peak {phases[label]['peak_allocated'] / 1e9:6.3f}   "
+              f"at its end {phases[label]['allocated_at_end'] / 1e9:6.3f}", flush=True)  # fmt: skip
+        return result
+
+    engine = phase("set-up", lambda: setup(folder, 1e-6, ds_config))
+    for i in range(3):
+        loss = phase(f"forward {i}", lambda: engine(input_ids=ids, labels=ids).loss)
+        phase(f"backward {i}", lambda loss=loss: engine.backward(loss))
+        phase(f"step {i}", engine.step)
+        del loss
+    if not out:
         return
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with gzip.open(Path(out) / f"{name}.pickle.gz", "wb") as f:
+        pickle.dump(snapshot, f)
+    p = {**parameter_defaults("gpt2_deepspeed"), "NUM_WORKERS": 1, "USE_GPU": True}
+    p.update(ZERO_STAGE=stage, OFFLOAD=offload, CLUSTER={"p5.48xlarge": 1}, BATCH_SIZE_PER_WORKER=1)
+    p.update(MODEL_NAME=folder, MAX_SEQ_LEN=512, PRECISION="bf16")
+    plan = harness.sizing.plan_for("gpt2_deepspeed", p).as_dict()
+    result = dict(environment=environment(), ds_config=ds_config, phases=phases, plan=plan)
+    result.update(live_at_peak(snapshot), method=__doc__)
+    write_result(Path(out) / f"{name}.json", result)
+    for row in result["at_peak_by_site"]:
+        print(f"  {row['bytes'] / 1e6:8.1f} MB in {row['blocks']:4} blocks: {row['site']}")
+
+
+def on_cpu(setup, folder: str, ds_config: dict, ids) -> None:
+    """Each phase's peak and remaining tensor memory, from torch's profiler (no CUDA allocator here)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with record_function("set-up"):
-            engine = ns["setup_model_and_optimizer"](folder, 1e-6, ds_config)
+            engine = setup(folder, 1e-6, ds_config)
             for group in engine.optimizer.optimizer.param_groups:
                 group["foreach"] = True  # what torch picks on a GPU
         for i in range(2):
@@ -128,7 +138,6 @@ def main(stage: int, offload: str, out: str | None, zero: dict | None = None) ->
             with record_function(f"step {i}"):
                 engine.step()
             del loss
-    shutil.rmtree(folder, ignore_errors=True)
     events = prof.profiler.kineto_results.events()
     phases = sorted(
         (
