@@ -45,7 +45,7 @@ def check_min_workers(notebook: str, p: dict) -> None:
             f"MIN_WORKERS={value}: more than NUM_WORKERS={p['NUM_WORKERS']}; use None (a fixed size) "
             f"or 1..{p['NUM_WORKERS']}."
         )
-    refused = _notebook(notebook).ELASTIC_REFUSED
+    refused = _notebook(notebook).elastic_refused
     if refused:
         raise ParameterError(
             f"MIN_WORKERS={value}: this notebook cannot continue on fewer workers: "

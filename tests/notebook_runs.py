@@ -267,13 +267,13 @@ def job_logs(job_id: str, cluster: Mapping[str, str]) -> str:
 
 
 # Each notebook's smoke run, as a learner runs it (nbval or JupyterLab, on the test cluster): its budget
-# (its module's SMOKE_BUDGET_S), at least twice the longest time measured in a fresh clone's `make test`:
+# (its module's RULES.smoke_budget_s), at least twice the longest time measured in a fresh clone's `make test`:
 # GPT-2 66-84 s, Dolly 78-93 s, GLUE through JupyterLab 57-78 s, Llama through JupyterLab 142 s
 # (JUPYTERLAB_NOTEBOOKS=all only), on a CPU with bf16 instructions. A 2-core AVX2 machine (2026-11-28)
 # is slower at everything, bf16 products aside (harness.cpu_bf16): `make run` there took GPT-2 168 s,
 # Dolly 136 s, GLUE 129 s, Llama 128 s, LoRA 152 s; its fresh-clone `make test` with the held-out
 # evaluations (f789ed2): the GPT-2 and Dolly nbval fixtures 197 s and 184 s.
-SMOKE_BUDGET_S = {name: notebook(name).SMOKE_BUDGET_S for name in NAMES}
+SMOKE_BUDGET_S = {name: notebook(name).smoke_budget_s for name in NAMES}
 
 
 def run_nbval(

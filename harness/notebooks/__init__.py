@@ -1,11 +1,10 @@
-"""One module per notebook: what the suite must know of it beyond its `.ipynb`.
-
-Each module holds:
+"""One module per notebook: what the suite must know of it beyond its `.ipynb`, declared as its `RULES`, a
+`NotebookRules` (a module that leaves a field out fails when it is imported):
 
 - `check(p)`: its parameter rules (the Set up cell's `harness.checks.check_parameters`, `make plan`);
 - `plan_recipe(p)`: its recipe as the "Will it fit?" planner sees it, or None (`harness.sizing.plan_for`);
-- `ELASTIC_REFUSED`: why it cannot go on with fewer workers (`MIN_WORKERS`), or None where it can;
-- `SMOKE_BUDGET_S`: its smoke run's time budget in the tests.
+- `elastic_refused`: why it cannot go on with fewer workers (`MIN_WORKERS`), or None where it can;
+- `smoke_budget_s`: its smoke run's time budget in the tests.
 
 Its smoke values and its results are the notebook's own (its Set up cell, its last cell).
 
@@ -17,12 +16,14 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from types import ModuleType
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from basics.validate import ParameterError, check_choice, check_int, check_positive
 
 __all__ = [
     "NAMES",
+    "NotebookRules",
     "notebook",
     "check_common",
     "check_cpus_per_worker",
@@ -33,11 +34,21 @@ NAMES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)))
 PLACEMENTS = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
-def notebook(name: str) -> ModuleType:
-    """The module of the notebook `name` (e.g. `harness.notebooks.llama_fsdp`)."""
+@dataclass(frozen=True)
+class NotebookRules:
+    """What the suite knows of one notebook beyond its `.ipynb` (each module's `RULES`)."""
+
+    check: Callable[[dict], None]  # its parameter rules: a ParameterError names the first bad value
+    plan_recipe: Callable | None  # p -> its `basics.plan.Recipe`; None: no "will it fit?" plan
+    elastic_refused: str | None  # why it cannot go on with fewer workers; None: it can (MIN_WORKERS)
+    smoke_budget_s: int  # its smoke run's time budget in the tests
+
+
+def notebook(name: str) -> NotebookRules:
+    """The rules of the notebook `name`, from its module (e.g. `harness.notebooks.llama_fsdp.RULES`)."""
     if name not in NAMES:
         raise ValueError(f"unknown notebook {name!r}; known: {sorted(NAMES)}")
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(f"{__name__}.{name}").RULES
 
 
 def check_common(p: dict) -> None:

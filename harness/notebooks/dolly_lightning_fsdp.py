@@ -5,7 +5,7 @@ from __future__ import annotations
 from basics.plan import Recipe
 from basics.validate import ParameterError, check_choice, check_int, check_positive
 
-from . import check_common
+from . import NotebookRules, check_common
 
 ELASTIC_REFUSED = (
     "its sharded checkpoint would load on any number of workers (through DCP), but "
@@ -57,3 +57,8 @@ def plan_recipe(p: dict) -> Recipe:
             "disk": "Choose nodes with more local disk in CLUSTER.",
         },
     )
+
+
+RULES = NotebookRules(
+    check=check, plan_recipe=plan_recipe, elastic_refused=ELASTIC_REFUSED, smoke_budget_s=SMOKE_BUDGET_S
+)

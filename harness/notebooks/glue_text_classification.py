@@ -8,7 +8,7 @@ import math
 
 from basics.validate import ParameterError, check_choice, check_int
 
-from . import check_common
+from . import NotebookRules, check_common
 
 # These two checkpoints would load at any world size (DDP's is whole; Dolly's sharded one goes through DCP);
 # what ties them to NUM_WORKERS is how the data is fed.
@@ -34,3 +34,8 @@ def check(p: dict) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ParameterError(f"WEIGHT_DECAY={value!r}: must be a finite number >= 0.")
     check_common(p)
+
+
+RULES = NotebookRules(
+    check=check, plan_recipe=plan_recipe, elastic_refused=ELASTIC_REFUSED, smoke_budget_s=SMOKE_BUDGET_S
+)

@@ -9,7 +9,7 @@ import re
 from basics.plan import Recipe
 from basics.validate import ParameterError, check_choice, check_int
 
-from . import check_common
+from . import NotebookRules, check_common
 
 ELASTIC_REFUSED = (
     "DeepSpeed ZeRO checkpoints hold one partition per rank and load only at the world "
@@ -64,3 +64,8 @@ def plan_recipe(p: dict) -> Recipe:
             "disk": "Choose nodes with more local disk in CLUSTER.",
         },
     )
+
+
+RULES = NotebookRules(
+    check=check, plan_recipe=plan_recipe, elastic_refused=ELASTIC_REFUSED, smoke_budget_s=SMOKE_BUDGET_S
+)

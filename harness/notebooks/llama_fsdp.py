@@ -7,7 +7,7 @@ from __future__ import annotations
 from basics.plan import Recipe
 from basics.validate import ParameterError, check_choice, check_int
 
-from . import check_common
+from . import NotebookRules, check_common
 
 # Its checkpoint would load at any world size, but its loop deals each rank its rows for NUM_WORKERS ranks.
 ELASTIC_REFUSED = (
@@ -69,3 +69,8 @@ def plan_recipe(p: dict) -> Recipe:
             "disk": "Choose nodes with more local disk in CLUSTER.",
         },
     )
+
+
+RULES = NotebookRules(
+    check=check, plan_recipe=plan_recipe, elastic_refused=ELASTIC_REFUSED, smoke_budget_s=SMOKE_BUDGET_S
+)

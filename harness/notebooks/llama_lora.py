@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from basics.validate import check_choice, check_int, check_positive
 
+from . import NotebookRules
 from .llama_fsdp import ELASTIC_REFUSED, check_llama, plan_recipe
 
 __all__ = ["check", "plan_recipe", "ELASTIC_REFUSED"]
@@ -20,3 +21,8 @@ def check(p: dict) -> None:
     check_positive("LORA_ALPHA", p["LORA_ALPHA"])
     check_choice("LORA_MERGED", p["LORA_MERGED"], [True, False])
     check_llama(p)
+
+
+RULES = NotebookRules(
+    check=check, plan_recipe=plan_recipe, elastic_refused=ELASTIC_REFUSED, smoke_budget_s=SMOKE_BUDGET_S
+)

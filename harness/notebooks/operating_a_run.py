@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from basics.validate import ParameterError, check_choice, check_int
 
-from . import check_common
+from . import NotebookRules, check_common
 from .llama_fsdp import plan_recipe
 
 __all__ = ["check", "plan_recipe", "ELASTIC_REFUSED", "SMOKE_BUDGET_S"]
@@ -46,3 +46,8 @@ def check(p: dict) -> None:
             "Use MAX_FAILURES >= 1 (or -1: no limit)."
         )
     check_common({**p, "MAX_STEPS": steps})
+
+
+RULES = NotebookRules(
+    check=check, plan_recipe=plan_recipe, elastic_refused=ELASTIC_REFUSED, smoke_budget_s=SMOKE_BUDGET_S
+)
