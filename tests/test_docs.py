@@ -234,7 +234,13 @@ def test_every_notebook_has_a_page_and_the_reference_is_there(site):
     for path in NOTEBOOK_FILES:
         assert (site / "notebooks" / f"{path.stem}.html").is_file(), path.stem
     api = (site / "api.html").read_text()
-    for module in ("harness.cluster", "helpers.validate", "harness.fixtures", "harness.observe"):
+    for module in (
+        "harness.cluster",
+        "basics.validate",
+        "harness.fixtures",
+        "harness.observe",
+        "helpers.notebook",
+    ):
         assert f'id="module-{module}"' in api, module
     assert "harness.cluster.start_ray" in api  # a function documented from its docstring
     assert "harness.observe.watch" in api
