@@ -255,13 +255,12 @@ def select_notebooks(spec: str | None) -> list[Path]:
 
 
 def _notebook_title(path: Path) -> str:
-    from basics.notebook_files import cells
+    from basics.notebook_files import title
 
     try:
-        first = cells(path)[0].source.splitlines()[0]
+        return re.sub(r"[`*]", "", title(path))
     except Exception:  # noqa: BLE001 - the title is decoration
         return ""
-    return re.sub(r"[`*]", "", first.lstrip("#").strip())
 
 
 class _Stream:

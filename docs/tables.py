@@ -96,15 +96,15 @@ LEARNING_PATH = [
 def _header(notebook: str) -> tuple[str, dict[str, tuple[str, str]]]:
     """The notebook's title, and its header table: {row: (full scale, on a laptop)}. A missing row is a
     KeyError naming it."""
-    from basics.notebook_files import cells
+    from basics.notebook_files import cells, title
 
     first = cells(notebook)[0].source
     rows = {}
     for line in first.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3:
-            rows[cells[0]] = (cells[1], cells[2])
-    return re.sub(r"^#\s*", "", first.splitlines()[0]).strip(), rows
+        columns = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(columns) == 3:
+            rows[columns[0]] = (columns[1], columns[2])
+    return title(notebook), rows
 
 
 def learning_path() -> str:

@@ -26,9 +26,10 @@ __all__ = [
 ]
 
 
-def _on_every_node(check, *args, use_gpu: bool = False) -> dict[str, object]:
+def _on_every_node(check, *args, use_gpu: bool = False, one_at_a_time: bool = False) -> dict[str, object]:
     """Run the function `check(*args)` once on every alive node that can run a worker (with a GPU if
     `use_gpu`, else with a CPU), as a Ray task pinned to the node; return {"address node-id": its result}.
+    `one_at_a_time`: each node's task after the last one's ended (a measurement the nodes would share).
 
     Used by the node-by-node checks before `fit()`: `prefetch_model_on_nodes` and
     `check_storage_from_nodes`. On a Ray this notebook started on this machine (no `RAY_ADDRESS`), the one
@@ -46,13 +47,15 @@ def _on_every_node(check, *args, use_gpu: bool = False) -> dict[str, object]:
     if not os.environ.get("RAY_ADDRESS") and [n["NodeID"] for n in nodes] == [here]:
         return {labels[0]: check(*args)}
     task = ray.remote(num_cpus=0)(check)
-    refs = [
-        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            *args
-        )
-        for n in nodes
-    ]
-    return dict(zip(labels, ray.get(refs), strict=True))
+
+    def on(node: dict):
+        return task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote(*args)
+
+    if one_at_a_time:
+        return {label: ray.get(on(n)) for label, n in zip(labels, nodes, strict=True)}
+    return dict(zip(labels, ray.get([on(n) for n in nodes]), strict=True))
 
 
 def check_storage_from_nodes(name: str, value: str, use_gpu: bool = False) -> int:
@@ -178,16 +181,7 @@ def storage_rate(uri: str, total_bytes: int) -> float | str:
 def storage_rates_on_nodes(uri: str, use_gpu: bool, total_bytes: int = RATE_PROBE_BYTES) -> dict[str, object]:
     """{node: bytes per second (or why not)} each node that runs workers writes to `uri`, one node at a time
     (nodes sharing a link or an NFS server would otherwise measure each other)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0)(storage_rate)
-    rates = {}
-    for node in alive_nodes(use_gpu):
-        pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        label = node["NodeManagerAddress"] + " " + node["NodeID"][:8]
-        rates[label] = ray.get(task.options(scheduling_strategy=pinned).remote(uri, total_bytes))
-    return rates
+    return _on_every_node(storage_rate, uri, total_bytes, use_gpu=use_gpu, one_at_a_time=True)
 
 
 def _read_marker(path: str, token: str) -> bool:
