@@ -4,6 +4,10 @@ Used by the "Set up" cell of every notebook (`smoke_overrides`, through `helpers
 cell's own table; `check_parameter_names` through `harness.checks.check_parameters`), by the results cell
 (`parameter_values`). `make plan` and the tests read a notebook's parameters cells with
 `basics.notebook_files.parameter_cells`.
+
+What the Set up cell learns of its run (the parameters' names, the full-scale defaults smoke mode replaced,
+when it started) is the notebook's own: a `RunRecord` in its globals (`record`), never this module's, so two
+notebooks set up in one process (the tests do) each keep theirs.
 """
 
 from __future__ import annotations
@@ -11,11 +15,15 @@ from __future__ import annotations
 import ast
 import difflib
 import json
+import time
+from dataclasses import dataclass, field
 
 from basics.validate import ParameterError
 from harness.storage import redact
 
 __all__ = [
+    "RunRecord",
+    "record",
     "check_parameter_names",
     "parameter_values",
     "smoke_overrides",
@@ -33,6 +41,30 @@ RENAMED = {
     "MODEL_CHECKPOINT": "MODEL_NAME",
     "TUTORIAL_STEPS": "MAX_STEPS_PER_EPOCH",
 }
+
+
+@dataclass
+class RunRecord:
+    """What a notebook's Set up cell learned of its run, kept in the notebook's globals as `__run__`."""
+
+    notebook: str = ""
+    started: float = field(default_factory=time.perf_counter)  # the run's clock: `seconds()`
+    parameters: list[str] = field(default_factory=list)  # as `check_parameter_names` found them
+    full_scale: dict = field(
+        default_factory=dict
+    )  # parameter: its full-scale default, where smoke mode replaced it
+
+    def seconds(self) -> float:
+        """Wall-clock seconds since the Set up cell started the clock."""
+        return round(time.perf_counter() - self.started, 2)
+
+
+def record(namespace: dict) -> RunRecord:
+    """The run record in `namespace` (a notebook's globals), made on first use."""
+    found = namespace.get("__run__")
+    if not isinstance(found, RunRecord):
+        found = namespace["__run__"] = RunRecord()
+    return found
 
 
 def _history() -> list[str]:
@@ -93,7 +125,6 @@ def _parameters_cell_names() -> list[str]:
     return [*found.get("lesson", []), *[n for n in found["settings"] if n not in found.get("lesson", [])]]
 
 
-_names: list[str] = []  # the parameters, as `check_parameter_names` found them
 # Parameters of another notebook that a notebook without them refuses with its own reason, not as unknown
 # (`harness.checks`: MIN_WORKERS, for the notebooks that cannot continue on fewer workers).
 REFUSED_WITH_A_REASON = {"MIN_WORKERS"}
@@ -117,7 +148,8 @@ def check_parameter_names(namespace: dict) -> list[str]:
     """
     known = _parameters_cell_names()
     unknown = sorted(papermill_parameters() - set(known) - REFUSED_WITH_A_REASON) if known else []
-    _names[:] = known or [name for name in namespace if name.isupper() and not name.startswith("_")]
+    names = known or [name for name in namespace if name.isupper() and not name.startswith("_")]
+    record(namespace).parameters = names
     if unknown:
         hints = []
         for name in unknown:
@@ -131,13 +163,14 @@ def check_parameter_names(namespace: dict) -> list[str]:
             f"Unknown parameter{'s' if len(unknown) > 1 else ''} passed to this notebook: {', '.join(hints)}. "
             f"Its parameters are: {', '.join(known)}."
         )
-    return list(_names)
+    return list(names)
 
 
 def parameter_values(namespace: dict) -> dict:
     """Every parameter's value as the run used it (after smoke mode), for the results file."""
     values = {}
-    for name in _names or _parameters_cell_names():
+    found = namespace.get("__run__")
+    for name in (found.parameters if isinstance(found, RunRecord) else None) or _parameters_cell_names():
         value = namespace.get(name)
         try:
             json.dumps(value)
@@ -147,13 +180,14 @@ def parameter_values(namespace: dict) -> dict:
     return values
 
 
-_replaced_defaults: dict = {}  # parameter: its full-scale default, for what smoke mode replaced
-
-
-def full_scale_defaults() -> dict:
-    """The full-scale defaults of the parameters the last `smoke_overrides` replaced ({} outside smoke mode):
-    the "will it fit?" tables show the full-scale run next to the laptop's."""
-    return dict(_replaced_defaults)
+def full_scale_defaults(namespace: dict) -> dict:
+    """The full-scale defaults of the parameters `smoke_overrides` replaced in `namespace` ({} outside smoke
+    mode, and for a plain dict of parameters): the "will it fit?" tables show the full-scale run next to
+    the laptop's."""
+    found = namespace.get("__run__")
+    replaced = found.full_scale if isinstance(found, RunRecord) else {}
+    # A parameter back at its default (the parameters cell run again, not in smoke mode) was not replaced.
+    return {name: default for name, default in replaced.items() if namespace.get(name) != default}
 
 
 def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
@@ -172,8 +206,7 @@ def smoke_overrides(namespace: dict, table: dict[str, tuple]) -> dict:
             replaced[name] = smoke
         else:
             kept[name] = current
-    _replaced_defaults.clear()
-    _replaced_defaults.update({name: table[name][0] for name in replaced})
+    record(namespace).full_scale = {name: table[name][0] for name in replaced}
 
     def short(value) -> str:
         text = repr(redact(value))

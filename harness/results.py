@@ -11,34 +11,24 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["REQUIRED_KEYS", "Stopwatch", "start_clock", "elapsed", "write_results"]
+from harness.parameters import RunRecord, record
+
+__all__ = ["REQUIRED_KEYS", "start_clock", "elapsed", "write_results"]
 
 REQUIRED_KEYS = ("notebook", "smoke_test", "wall_seconds", "losses", "checkpoint_path", "mlflow_run_id")
 
 
-class Stopwatch:
-    """Wall-clock seconds since creation (the notebook's first cell after the parameters)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    def seconds(self) -> float:
-        return round(time.perf_counter() - self.start, 2)
+def start_clock(namespace: dict, notebook: str = "") -> None:
+    """Start the run's wall clock (the Set up cell does), in the notebook's run record (`namespace`, its
+    globals; `harness.parameters.record`)."""
+    run = record(namespace)
+    run.started, run.notebook = time.perf_counter(), notebook or run.notebook
 
 
-_CLOCK: list[Stopwatch] = []  # the run's, started by the Set up cell (`helpers.check_parameters`)
-_NOTEBOOK: list[str] = []  # the notebook the Set up cell set up
-
-
-def start_clock(notebook: str | None = None) -> None:
-    """Start the run's wall clock (the Set up cell does), for `notebook`."""
-    _CLOCK[:] = [Stopwatch()]
-    _NOTEBOOK[:] = [notebook] if notebook else []
-
-
-def elapsed() -> float:
-    """Seconds since the Set up cell started the run's clock (0.0 before it did)."""
-    return _CLOCK[0].seconds() if _CLOCK else 0.0
+def elapsed(namespace: dict) -> float:
+    """Seconds since the Set up cell started the run's clock in `namespace` (0.0 where it did not)."""
+    found = namespace.get("__run__")
+    return found.seconds() if isinstance(found, RunRecord) else 0.0
 
 
 def _is_folder(path: str) -> bool:
@@ -55,7 +45,7 @@ def _is_folder(path: str) -> bool:
 def write_results(path: str, **results) -> dict | None:
     """Write `results` as JSON to `path` (nothing when `path` is empty); return what was written.
 
-    `wall_seconds`, unless given: the seconds since the Set up cell (`elapsed()`). Checks the keys every
+    `wall_seconds`: the seconds since the Set up cell (`elapsed(globals())`). Checks the keys every
     notebook promises (`REQUIRED_KEYS`), that the losses are finite
     numbers and that `checkpoint_path` (a folder, or a URI such as `s3://bucket/...`) exists, so a
     broken run cannot write a results file that looks fine.
@@ -66,7 +56,6 @@ def write_results(path: str, **results) -> dict | None:
     The file is written first: a tracking server that does not answer (within about 20 s) costs the run
     its summary in MLflow, with one line saying so, never its results.
     """
-    results.setdefault("wall_seconds", elapsed())
     written = _write(path, results) if path else None
     if results.get("mlflow_run_id"):
         ended = _end_mlflow_run(results, path)

@@ -131,7 +131,7 @@ def full_scale(p: dict) -> dict:
     """`p` with the full-scale defaults smoke mode replaced put back (the parameters cell's values)."""
     from harness.parameters import full_scale_defaults
 
-    return {**p, **full_scale_defaults()}
+    return {**p, **full_scale_defaults(p)}
 
 
 # Model FLOPs utilization for the time estimates: the only figure measured for this recipe is the Hugging

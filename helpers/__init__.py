@@ -31,6 +31,7 @@ from . import fsdp, zero_checkpoint
 from .notebook import (
     check_cluster,
     check_parameters,
+    elapsed,
     parameter_values,
     ray_init_args,
     ray_log_file,
@@ -103,6 +104,7 @@ __all__ = [
     "ray_init_args",
     "ray_log_file",
     "parameter_values",
+    "elapsed",
     "local_storage",
     "tiny_model",
     "glue_fixture",

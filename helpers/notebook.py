@@ -1,7 +1,9 @@
 """The calls of a notebook's Set up cell, in its order: smoke mode's values (`use_smoke_values`), the checks
 of the parameters and the "will it fit?" plan (`check_parameters`), `ray.init`'s arguments and its log file
 (`ray_init_args`, `ray_log_file`), the checks of the cluster (`check_cluster`); and, for its results cell, the
-parameters as the run used them (`parameter_values`). Each is a thin door into `harness`.
+parameters as the run used them and the seconds since Set up (`parameter_values`, `elapsed`). Each is a thin
+door into `harness`. What Set up learns of the run is kept in the notebook's own globals
+(`harness.parameters.RunRecord`), not here.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ __all__ = [
     "ray_log_file",
     "check_cluster",
     "parameter_values",
+    "elapsed",
 ]
 
 
@@ -35,7 +38,7 @@ def check_parameters(notebook: str, namespace: dict):
     a run that will not fit fails here, naming the parameter and what is allowed
     (`harness.checks.check_parameters`). Starts the run's clock; returns the "will it fit?" plan (None for
     a notebook without one)."""
-    results.start_clock(notebook)
+    results.start_clock(namespace, notebook)
     gc.set_threshold(*cluster.GC_THRESHOLD)  # the imports to come: about a fifth faster (see there)
     return checks.check_parameters(notebook, namespace)
 
@@ -67,3 +70,9 @@ def parameter_values(namespace: dict) -> dict:
     file (`harness.parameters.parameter_values`)."""
 
     return parameters.parameter_values(namespace)
+
+
+def elapsed(namespace: dict) -> float:
+    """Seconds since this notebook's Set up cell (`namespace`, its globals): the results' `wall_seconds`."""
+
+    return results.elapsed(namespace)

@@ -8,6 +8,8 @@ import pytest
 
 import harness.cluster
 import harness.parameters
+import harness.results
+import harness.sizing
 import harness.storage
 import helpers
 from harness.run_log import RunLog
@@ -91,6 +93,34 @@ def test_without_a_cell_history_the_parameters_are_the_upper_case_names_so_far(m
         "NUM_WORKERS": 4,
         "SMOKE_TEST": True,
     }
+
+
+def test_each_notebook_keeps_its_own_run_record(monkeypatch):
+    # Two notebooks set up in one process (as these tests do): each one's parameters, smoke replacements
+    # and clock are in its own globals (`__run__`), none in a module another notebook's Set up rewrites.
+    monkeypatch.setattr(harness.parameters, "_history", lambda: [])
+    monkeypatch.setattr(harness.parameters, "papermill_parameters", lambda: set())
+    first = {"MODEL_NAME": "gpt2", "NUM_WORKERS": 16, "SMOKE_TEST": True}
+    second = {"TASK": "cola", "NUM_WORKERS": 1, "SMOKE_TEST": False}
+    harness.parameters.smoke_overrides(first, {"NUM_WORKERS": (16, 2)})
+    first["NUM_WORKERS"] = 2  # what helpers.use_smoke_values writes
+    harness.results.start_clock(first, "first")
+    harness.parameters.check_parameter_names(first)
+    harness.results.start_clock(second, "second")
+    harness.parameters.check_parameter_names(second)
+    assert harness.parameters.parameter_values(first) == {
+        "MODEL_NAME": "gpt2",
+        "NUM_WORKERS": 2,
+        "SMOKE_TEST": True,
+    }
+    assert list(harness.parameters.parameter_values(second)) == ["TASK", "NUM_WORKERS", "SMOKE_TEST"]
+    assert (
+        harness.sizing.full_scale(first)["NUM_WORKERS"] == 16 and harness.sizing.full_scale(second) == second
+    )
+    assert first["__run__"].notebook == "first" and second["__run__"].notebook == "second"
+    assert 0 <= harness.results.elapsed(first) < 60 and harness.results.elapsed({}) == 0.0
+    first["NUM_WORKERS"] = 16  # the parameters cell run again, not in smoke mode: nothing replaced
+    assert harness.parameters.full_scale_defaults(first) == {}
 
 
 def test_run_log_summarises_a_kill_and_its_replay():

@@ -224,10 +224,8 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     import harness.parameters
     import harness.sizing
 
-    monkeypatch.setattr(
-        harness.parameters, "_replaced_defaults", {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"}
-    )
     smoke = {**LLAMA_FULL_SCALE, "MODEL_NAME": "/tmp/tiny-llama"}
+    harness.parameters.record(smoke).full_scale = {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"}
     full = harness.sizing.full_scale(smoke)
     assert full["MODEL_NAME"] == "meta-llama/Llama-2-70b-chat-hf" and smoke["MODEL_NAME"] == "/tmp/tiny-llama"
     table = harness.sizing.compare_plans(
@@ -235,7 +233,7 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     )
     gpu = table.loc["training (A100-80GB GPU) (per GPU)"]
     assert gpu["1 worker"].endswith("too big)") and gpu["16 workers"] == "83.0 GB (98%, close)"
-    monkeypatch.setattr(harness.parameters, "_replaced_defaults", {})  # not a smoke run
+    # not a smoke run: a plain dict of parameters, no run record
     zero = harness.sizing.compare_plans(
         "gpt2_deepspeed",
         dict(

@@ -24,7 +24,8 @@ def embedded(tmp_path, monkeypatch):
     """No MLFLOW_TRACKING_URI; the project's cache in a temporary folder."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("LLM_NOTEBOOKS_CACHE", str(tmp_path))
-    monkeypatch.setattr(harness.parameters, "_names", ["LEARNING_RATE", "SMOKE_TEST", "STORAGE_PATH"])
+    names = ["LEARNING_RATE", "SMOKE_TEST", "STORAGE_PATH"]  # the parameters cell's
+    monkeypatch.setattr(harness.parameters, "_parameters_cell_names", lambda: names)
     return tmp_path
 
 
