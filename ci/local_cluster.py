@@ -57,6 +57,12 @@ BUCKET = "llm-notebooks"
 PREFIX = "runs"
 
 
+# Ray's switch that keeps 127.0.0.1 from being rewritten to the machine's routable address (its default on
+# macOS and Windows): the nodes' servers then listen on loopback only. Every node (through ci/ray_node.py)
+# and every driver of the cluster (cluster.env) runs with it.
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 class ClusterBusy(RuntimeError):
     """Another live run holds the state folder's cluster."""
 
@@ -243,6 +249,7 @@ def node_env(
             RAY_health_check_timeout_ms="1000",
             RAY_health_check_failure_threshold=str(node_death_s),
         )
+    env.update(LOOPBACK_ONLY)  # 127.0.0.1 stays 127.0.0.1: every node's servers on loopback (ci/ray_node.py)
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
     return env
@@ -281,7 +288,14 @@ def _head_env(head: bool) -> dict:
 
 
 def _node_command(temp_dir: str, cpus: int, object_store_mb: int) -> list[str]:
-    cmd = [str(BIN / "ray"), "start", "--block", "--node-ip-address=127.0.0.1"]
+    """`ray start` through ci/ray_node.py: with `LOOPBACK_ONLY` (`node_env`), Ray keeps 127.0.0.1."""
+    cmd = [
+        str(BIN / "python"),
+        str(ROOT / "ci" / "ray_node.py"),
+        "start",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+    ]
     cmd += [f"--num-cpus={cpus}", f"--object-store-memory={object_store_mb * 1024**2}"]
     cmd += [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"]
     return cmd + ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
@@ -471,6 +485,7 @@ def up(
 
     driver = {
         "RAY_ADDRESS": address,
+        **LOOPBACK_ONLY,  # else Ray rewrites RAY_ADDRESS to this machine's routable address, where no node is
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": env["RAY_AUTH_TOKEN_PATH"],
         "STORAGE_PATH": f"s3://{BUCKET}/{PREFIX}",
@@ -529,6 +544,7 @@ def up_ray(state_dir: Path, cpus: int, object_store_mb: int = 1024) -> dict:
         raise
     return {
         "RAY_ADDRESS": address,
+        **LOOPBACK_ONLY,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": env["RAY_AUTH_TOKEN_PATH"],
     }

@@ -566,6 +566,34 @@ def test_no_metrics_exporter_listens(ray_cluster):
     assert not {a.port for a in listening} & {44217, 44227, 10001}, sorted(a.port for a in listening)
 
 
+# TEST-NET-1 (RFC 5737): an address no machine on the internet has, on the namespace's own loopback device.
+ROUTABLE = "192.0.2.77"
+
+
+@pytest.mark.timeout(300)
+def test_on_a_machine_with_a_routable_address_the_cluster_listens_on_loopback_only(tmp_path):
+    # `make test` runs where only loopback exists, and there Ray keeps 127.0.0.1 whatever it is told. A laptop
+    # or a cluster node has a routable address, which Ray would put in 127.0.0.1's place, and then listen on
+    # it and on every interface. So: a namespace of its own with such an address and a default route, the
+    # cluster of `make cluster-up` started in it, every socket its processes listen on, and a driver that
+    # attaches as `source cluster.env` does (tests/loopback_probe.py). Nothing is sent to that address.
+    routable = f"ip addr add {ROUTABLE}/24 dev lo && ip route add default via {ROUTABLE} dev lo"
+    probe = f"env PYTHONPATH={ROOT} {sys.executable} tests/loopback_probe.py {tmp_path / 'cluster'}"
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f"ip link set lo up && {routable} && exec {probe}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    listening = found["listening"]
+    assert len(listening) >= 8, listening  # GCS, 2 raylets, their agents, the bucket, MLflow, ...
+    assert [s for s in listening if s["ip"] not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")] == [], listening
+    assert found["driver_nodes"] == ["2"], found["driver_error"]
+
+
 def test_no_other_user_can_enter_a_ray_session_folder(ray_cluster):
     # Ray opens its temp dir and session folders to every user (0777, no sticky bit): another local user
     # could swap a job's unpacked code. Each node's temp dir sits in a folder only its owner can enter.
