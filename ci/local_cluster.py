@@ -550,6 +550,22 @@ def up_ray(state_dir: Path, cpus: int, object_store_mb: int = 1024) -> dict:
     }
 
 
+def cluster_processes(state_dir: Path) -> list:
+    """Every live process the cluster in `state_dir` started, and their children (raylets, agents, Ray
+    workers): what the tests look at."""
+    import psutil
+
+    records = json.loads((state_dir / "state.json").read_text())["processes"]
+    found = {}
+    for record in records:
+        try:
+            root = psutil.Process(record["pid"])
+            found.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+        except psutil.NoSuchProcess:
+            pass
+    return list(found.values())
+
+
 def is_running(record: dict) -> bool:
     import psutil
 

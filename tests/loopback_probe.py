@@ -22,14 +22,7 @@ def _listening(state_dir: Path) -> list[dict]:
     """Every listening TCP socket of the cluster's processes and their children, with the process name."""
     import psutil
 
-    records = json.loads((state_dir / "state.json").read_text())["processes"]
-    procs = {}
-    for record in records:
-        try:
-            root = psutil.Process(record["pid"])
-            procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
-        except psutil.NoSuchProcess:
-            pass
+    procs = {p.pid: p for p in local_cluster.cluster_processes(state_dir)}
     found = []
     for conn in psutil.net_connections(kind="inet"):
         if conn.status == psutil.CONN_LISTEN and conn.pid in procs:

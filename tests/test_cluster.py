@@ -270,17 +270,9 @@ def test_a_checkpoint_write_or_read_outlasts_a_stalled_bucket_or_fails_cleanly(r
 
 def _cluster_processes() -> list:
     """Every live process the test cluster started, and their children (raylets, agents, Ray workers)."""
-    import psutil
+    from ci.local_cluster import cluster_processes
 
-    records = json.loads((CLUSTER_DIR / "state.json").read_text())["processes"]
-    found = {}
-    for record in records:
-        try:
-            root = psutil.Process(record["pid"])
-            found.update({p.pid: p for p in [root, *root.children(recursive=True)]})
-        except psutil.NoSuchProcess:
-            pass
-    return list(found.values())
+    return cluster_processes(CLUSTER_DIR)
 
 
 def test_no_cluster_process_gets_the_shells_credentials(ray_cluster):
