@@ -18,7 +18,16 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["LaptopCluster", "during", "kill_worker", "spot_notice", "lose_node", "section_costs", "DRILL_ENV"]
+__all__ = [
+    "LaptopCluster",
+    "during",
+    "registered_checkpoints",
+    "kill_worker",
+    "spot_notice",
+    "lose_node",
+    "section_costs",
+    "DRILL_ENV",
+]
 
 DRILL_ENV = {
     # Offline: Ray's usage report (its dashboard's, on the head node started here) goes nowhere.
@@ -230,26 +239,45 @@ def _look_now() -> None:
         pass
 
 
-def kill_worker(watch, at_step: int, save_steps: int, settle_s: float = 1.0):
-    """A drill for `during`: once the first attempt has logged `at_step` or later, not a checkpoint's step,
-    and its latest checkpoint (one every `save_steps`) was logged `settle_s` ago (two of the controller's
-    checks: registered), SIGKILL the worker of the last rank off the head node (rank 1 on two nodes). Returns
-    {"at_step", "rank"}: the last step logged before the kill."""
+def registered_checkpoints(watch):
+    """A Ray Train callback for `RunConfig(callbacks=[...])`: Ray Train calls its `after_report` on the run's
+    controller once the checkpoint manager has registered a report's checkpoint, and it tells the run log
+    that checkpoint's step. A restart resumes from the last registered checkpoint, not from the last one a
+    worker wrote (a report still waiting for the controller's next look dies with its worker), so the drills
+    act on this."""
+    from ray.train import UserCallback
+
+    class RegisteredCheckpoints(UserCallback):
+        def __init__(self, run_log) -> None:
+            self.run_log = run_log
+
+        def after_report(self, run_context, metrics: list, checkpoint) -> None:
+            step = (metrics[0] if metrics else {}).get("step")
+            if checkpoint is not None and step is not None:
+                self.run_log.registered.remote(int(step))
+
+    return RegisteredCheckpoints(watch.run_log)
+
+
+def _past_a_registered_checkpoint(p: dict, at_step: int, save_steps: int) -> bool:
+    """The first attempt, on more than one rank, has logged `at_step` or later, not a checkpoint's step, and
+    the checkpoint before it (one every `save_steps`) is registered: a restart now resumes there."""
+    last = p["last_step"]
+    saved = last // save_steps * save_steps
+    first = p["attempts"] == 1 and len(p["ranks"]) > 1
+    return first and last >= at_step and last % save_steps > 0 and p["registered_step"] == saved > 0
+
+
+def kill_worker(watch, at_step: int, save_steps: int):
+    """A drill for `during`: once the first attempt is past `at_step` and a registered checkpoint
+    (`_past_a_registered_checkpoint`; the run's `registered_checkpoints` callback), SIGKILL the worker of
+    the last rank off the head node (rank 1 on two nodes). Returns {"at_step", "rank"}: the last step logged
+    before the kill."""
 
     def drill(training) -> dict:
         import ray
 
-        first_seen: dict[int, float] = {}  # a checkpoint's step: when this drill first saw it logged
-
-        def due(p: dict) -> bool:
-            if p["attempts"] != 1 or len(p["ranks"]) < 2:
-                return False
-            last = p["last_step"]
-            saved = last // save_steps * save_steps
-            since = time.monotonic() - first_seen.setdefault(saved, time.monotonic())
-            return last >= at_step and saved > 0 and last % save_steps > 0 and since >= settle_s
-
-        progress = _wait(watch, training, due)
+        progress = _wait(watch, training, lambda p: _past_a_registered_checkpoint(p, at_step, save_steps))
         if progress is None:
             return {}
         rank, node, pid = _worker_node(progress)
@@ -312,20 +340,20 @@ def spot_notice(watch, at_step: int, deadline_s: float, cluster: LaptopCluster |
     return drill
 
 
-def lose_node(watch, after_step: int, back_after_steps: int, cluster: LaptopCluster | None, settle_s=1.0):
-    """A drill for `during` (an elastic run): once the first attempt has logged `after_step`, the node of the
-    first rank off the head is lost without notice (`cluster.lose`, where the nodes are this notebook's);
-    once a smaller group has trained `back_after_steps` steps, a new node joins (`cluster.add`). Returns
-    {"lost_after_step", "added_after_step"} (empty where the nodes are not this notebook's)."""
+def lose_node(watch, after_step: int, save_steps: int, back_after_steps: int, cluster: LaptopCluster | None):
+    """A drill for `during` (an elastic run): once the first attempt is past `after_step` and a registered
+    checkpoint (one every `save_steps`: `_past_a_registered_checkpoint`), the node of the first rank off the
+    head is lost without notice (`cluster.lose`, where the nodes are this notebook's); once a smaller group
+    has trained `back_after_steps` steps, a new node joins (`cluster.add`). Returns {"lost_after_step",
+    "added_after_step"} (empty where the nodes are not this notebook's)."""
 
     def drill(training) -> dict:
         if cluster is None:
             return {}
-        progress = _first_attempt_at(watch, training, after_step)
+        progress = _wait(watch, training, lambda p: _past_a_registered_checkpoint(p, after_step, save_steps))
         if progress is None:
             return {}
         _, node, _ = _worker_node(progress)
-        time.sleep(settle_s)  # the checkpoint reported before: registered
         cluster.lose(node)
         _look_now()
         seen = {"lost_after_step": progress["last_step"]}

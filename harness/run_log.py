@@ -55,6 +55,7 @@ class RunLog:
         self._fetched: dict[int, int] = {}  # rank -> bytes of the checkpoint it fetched to resume
         self._checkpoint_bytes: int | None = None
         self._ranks: dict[int, dict] = {}  # rank -> what it measured at its attempt's first step
+        self.registered_step = 0  # the step of the last checkpoint Ray Train registered (`registered`)
         # MLflow, from a thread of this actor: a slow or stopped server never holds a worker.
         self._tracker = None
         self._tracked_until = 0  # the last step whose metrics went to MLflow: a replay is not logged again
@@ -153,15 +154,22 @@ class RunLog:
         self.say(f"{by} (SIGKILL) at step {step}: the worker group fails")
         return True
 
+    def registered(self, step: int) -> None:
+        """Ray Train's controller registered the checkpoint of `step` (`harness.drills.RegisteredCheckpoints`):
+        a restart from now on resumes there."""
+        self.registered_step = int(step)
+
     def progress(self) -> dict:
         """Where the run is, for a watcher outside it: the attempts so far, the latest's last step logged and
-        world size, and each rank's latest facts (its node and process)."""
+        world size, each rank's latest facts (its node and process), and the last registered checkpoint's
+        step (0: none, or none reported to this log)."""
         latest = self.attempts[-1] if self.attempts else {"losses": {}, "ranks": {}, "world_size": None}
         return {
             "attempts": len(self.attempts),
             "last_step": max(latest["losses"], default=0),
             "world_size": latest["world_size"],
             "ranks": self.ranks(),  # each rank's latest facts
+            "registered_step": self.registered_step,
         }
 
     # ---- what the notebook reads
