@@ -50,6 +50,11 @@ DRILL_ENV = {
 }
 
 
+# Ray's switch that keeps 127.0.0.1 from being rewritten to the machine's routable address (as
+# ci/local_cluster.py's nodes run): every server of the nodes listens on loopback only.
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 class LaptopCluster:
     """A Ray cluster on this machine, made of processes this notebook owns (`ray.cluster_utils.Cluster`, as
     Ray's own tests make them): a head node with no CPU for training (the driver, Ray Train's controller and
@@ -61,12 +66,20 @@ class LaptopCluster:
         from ray.cluster_utils import Cluster
 
         # What shutdown() puts back: this kernel's variables as they were before.
-        self._before = {k: os.environ.get(k) for k in (*DRILL_ENV, "RAY_TMPDIR", "RAY_ADDRESS")}
-        os.environ.update(DRILL_ENV)  # the processes started below inherit them
-        # Its own temp dir: Ray writes the cluster's address there (ray_current_cluster), where a plain
-        # `ray.init()` elsewhere on this machine would otherwise find it and attach.
+        names = (
+            *DRILL_ENV,
+            *LOOPBACK_ONLY,
+            "RAY_TMPDIR",
+            "RAY_ADDRESS",
+            "RAY_AUTH_MODE",
+            "RAY_AUTH_TOKEN_PATH",
+        )
+        self._before = {k: os.environ.get(k) for k in names}
+        # Its own temp dir (0700): Ray writes the cluster's address there (ray_current_cluster), where a plain
+        # `ray.init()` elsewhere on this machine would otherwise find it and attach; and its token.
         self.temp_dir = tempfile.mkdtemp(prefix="ray-laptop-")
-        os.environ["RAY_TMPDIR"] = self.temp_dir
+        os.environ.update(DRILL_ENV)  # the processes started below inherit them
+        os.environ.update(RAY_TMPDIR=self.temp_dir, **self._let_no_one_in())
         self.cpus, self.store = cpus, object_store_mb * 10**6
         # No dashboard: nothing here reads it, and it is one HTTP server fewer (and 2 s) on this machine.
         head = {"num_cpus": 0, "object_store_memory": self.store, "include_dashboard": False}
@@ -75,6 +88,28 @@ class LaptopCluster:
         for _ in range(nodes):
             self.add()
         self.cluster.wait_for_nodes()
+
+    def _let_no_one_in(self) -> dict:
+        """Servers that let no one in, as `make cluster-up`'s: token authentication (a new token, in a file
+        only this user reads, which this kernel's `ray.init` and every node's processes use), and loopback
+        only. For loopback, Ray's own switch (`LOOPBACK_ONLY`, its default on macOS and Windows): the nodes'
+        processes get it in their environment; in this kernel, where Ray read it at import, it is set on
+        Ray's constants until `shutdown`, so that the nodes started here and `ray.init` keep 127.0.0.1."""
+        import ray._private.ray_constants as ray_constants
+        from ray._private.authentication.authentication_token_generator import (
+            generate_new_authentication_token,
+        )
+        from ray._raylet import Config
+
+        token = os.path.join(self.temp_dir, "auth_token")
+        with os.fdopen(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(generate_new_authentication_token())
+        self._cluster_enabled = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        env = {**LOOPBACK_ONLY, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
+        os.environ.update(env)
+        Config.initialize("")  # this process's Ray reads the token mode again, as Ray's own set-up does
+        return env
 
     @staticmethod
     def needed() -> bool:
@@ -123,13 +158,18 @@ class LaptopCluster:
         """Stop this cluster's processes, remove its temp dir, and put the kernel's variables back."""
         import shutil
 
+        import ray._private.ray_constants as ray_constants
+        from ray._raylet import Config
+
         self.cluster.shutdown()
+        ray_constants.ENABLE_RAY_CLUSTER = self._cluster_enabled
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         for name, value in self._before.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        Config.initialize("")  # the token mode as it was
 
 
 def during(fit: Callable, drill: Callable[[], dict]) -> tuple:

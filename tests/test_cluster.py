@@ -562,15 +562,12 @@ def test_no_metrics_exporter_listens(ray_cluster):
 ROUTABLE = "192.0.2.77"
 
 
-@pytest.mark.timeout(300)
-def test_on_a_machine_with_a_routable_address_the_cluster_listens_on_loopback_only(tmp_path):
-    # `make test` runs where only loopback exists, and there Ray keeps 127.0.0.1 whatever it is told. A laptop
-    # or a cluster node has a routable address, which Ray would put in 127.0.0.1's place, and then listen on
-    # it and on every interface. So: a namespace of its own with such an address and a default route, the
-    # cluster of `make cluster-up` started in it, every socket its processes listen on, and a driver that
-    # attaches as `source cluster.env` does (tests/loopback_probe.py). Nothing is sent to that address.
+def _probe_with_a_routable_address(*args: str) -> dict:
+    """tests/loopback_probe.py's findings, from a network namespace of its own that has a routable address
+    (`ROUTABLE`) and a default route, as a laptop or a cluster node has: `make test`'s namespace has only
+    loopback, where Ray keeps 127.0.0.1 whatever it is told. Nothing is sent to that address."""
     routable = f"ip addr add {ROUTABLE}/24 dev lo && ip route add default via {ROUTABLE} dev lo"
-    probe = f"env PYTHONPATH={ROOT} {sys.executable} tests/loopback_probe.py {tmp_path / 'cluster'}"
+    probe = f"env PYTHONPATH={ROOT} {sys.executable} tests/loopback_probe.py {' '.join(args)}"
     done = subprocess.run(
         ["unshare", "-n", "sh", "-c", f"ip link set lo up && {routable} && exec {probe}"],
         cwd=ROOT,
@@ -579,11 +576,32 @@ def test_on_a_machine_with_a_routable_address_the_cluster_listens_on_loopback_on
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    listening = found["listening"]
-    assert len(listening) >= 8, listening  # GCS, 2 raylets, their agents, the bucket, MLflow, ...
-    assert [s for s in listening if s["ip"] not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")] == [], listening
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _off_loopback(listening: list[dict]) -> list[dict]:
+    return [s for s in listening if s["ip"] not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
+
+
+@pytest.mark.timeout(300)
+def test_on_a_machine_with_a_routable_address_the_cluster_listens_on_loopback_only(tmp_path):
+    # Ray would put the routable address in 127.0.0.1's place, and then listen on it and on every interface.
+    # The cluster of `make cluster-up`: every socket its processes listen on, and a driver that attaches as
+    # `source cluster.env` does.
+    found = _probe_with_a_routable_address("cluster", str(tmp_path / "cluster"))
+    assert len(found["listening"]) >= 8, found  # GCS, 2 raylets, their agents, the bucket, MLflow, ...
+    assert _off_loopback(found["listening"]) == [], found["listening"]
     assert found["driver_nodes"] == ["2"], found["driver_error"]
+
+
+@pytest.mark.timeout(300)
+def test_the_operations_notebooks_own_nodes_listen_on_loopback_and_ask_for_a_token():
+    # operating_a_run's nodes on a laptop (harness.drills.LaptopCluster), with a routable address: loopback
+    # only, and a driver without the cluster's token is refused; the notebook's own attaches to all 3 nodes.
+    found = _probe_with_a_routable_address("laptop")
+    assert len(found["listening"]) >= 6, found
+    assert _off_loopback(found["listening"]) == [], found["listening"]
+    assert found["driver_nodes"] == ["3"] and found["stranger_rc"] != 0, found
 
 
 def test_no_other_user_can_enter_a_ray_session_folder(ray_cluster):
