@@ -51,16 +51,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.cluster import LOCAL_RAY_ENV, LOOPBACK_ONLY, RAY_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's `ray`
 BUCKET = "llm-notebooks"
 PREFIX = "runs"
-
-
-# Ray's switch that keeps 127.0.0.1 from being rewritten to the machine's routable address (its default on
-# macOS and Windows): the nodes' servers then listen on loopback only. Every node (through ci/ray_node.py)
-# and every driver of the cluster (cluster.env) runs with it.
-LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 class ClusterBusy(RuntimeError):
@@ -226,8 +222,6 @@ def node_env(
     """The environment of every Ray node: the caller's kept variables (`kept_env`), token auth, the bucket's
     and the tracking server's credentials (as instance credentials are on a real cluster), quiet Ray.
     `s3_port` None: a Ray without the bucket (`up_ray`)."""
-    from harness.cluster import LOCAL_RAY_ENV, RAY_ENV
-
     env = kept_env(os.environ if base is None else base)
     env.update(RAY_ENV)
     env.update(LOCAL_RAY_ENV)  # a laptop's cluster: no preemption watcher, one parquet footer reader

@@ -5,7 +5,7 @@ machine's routable address (`ray._private.services.resolve_ip_for_localhost`), a
 listens on every interface. Ray's own switch for a machine that must not be reached from outside is
 `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (its default on macOS and Windows): then 127.0.0.1 stays 127.0.0.1,
 and the GCS, the raylets, the agents and the Ray Client server listen on loopback only. The local cluster's
-nodes, and the drivers that attach to it (`cluster.env`), run with it (`ci.local_cluster.LOOPBACK_ONLY`).
+nodes, and the drivers that attach to it (`cluster.env`), run with it (`harness.cluster.LOOPBACK_ONLY`).
 
 With that switch Ray's command line refuses to start a second node ("Multi-node Ray clusters are not
 supported on Windows and OSX"), a guard for those systems, where a cluster of machines is unsupported.

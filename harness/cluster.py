@@ -93,6 +93,11 @@ LOCAL_RAY_ENV = {
     "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "1",
 }
 
+# Ray's switch that keeps 127.0.0.1 from being rewritten to the machine's routable address (its default on
+# macOS and Windows): a node's servers then listen on loopback only. The nodes this project starts run with
+# it (ci/local_cluster.py through ci/ray_node.py, harness.drills.LaptopCluster), and so do their drivers.
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
 # Set on every Ray worker: 16 workers' progress bars for the same small load are noise.
 WORKER_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",

@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from harness.cluster import LOOPBACK_ONLY
+
 __all__ = [
     "LaptopCluster",
     "during",
@@ -48,11 +50,6 @@ DRILL_ENV = {
     # No metrics exporters: HTTP servers without a credential, which nothing here reads.
     "RAY_enable_metrics_collection": "0",
 }
-
-
-# Ray's switch that keeps 127.0.0.1 from being rewritten to the machine's routable address (as
-# ci/local_cluster.py's nodes run): every server of the nodes listens on loopback only.
-LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 class LaptopCluster:

@@ -24,6 +24,7 @@ from harness.storage import redact
 __all__ = [
     "RunRecord",
     "record",
+    "found_record",
     "check_parameter_names",
     "parameter_values",
     "smoke_overrides",
@@ -50,19 +51,25 @@ class RunRecord:
     notebook: str = ""
     started: float = field(default_factory=time.perf_counter)  # the run's clock: `seconds()`
     parameters: list[str] = field(default_factory=list)  # as `check_parameter_names` found them
-    full_scale: dict = field(
-        default_factory=dict
-    )  # parameter: its full-scale default, where smoke mode replaced it
+    # parameter: its full-scale default, where smoke mode replaced it
+    full_scale: dict = field(default_factory=dict)
 
     def seconds(self) -> float:
         """Wall-clock seconds since the Set up cell started the clock."""
         return round(time.perf_counter() - self.started, 2)
 
 
+def found_record(namespace: dict) -> RunRecord | None:
+    """The run record in `namespace` (a notebook's globals); None where Set up made none (a plain dict of
+    parameters, as `make plan` passes)."""
+    found = namespace.get("__run__")
+    return found if isinstance(found, RunRecord) else None
+
+
 def record(namespace: dict) -> RunRecord:
     """The run record in `namespace` (a notebook's globals), made on first use."""
-    found = namespace.get("__run__")
-    if not isinstance(found, RunRecord):
+    found = found_record(namespace)
+    if found is None:
         found = namespace["__run__"] = RunRecord()
     return found
 
@@ -169,8 +176,8 @@ def check_parameter_names(namespace: dict) -> list[str]:
 def parameter_values(namespace: dict) -> dict:
     """Every parameter's value as the run used it (after smoke mode), for the results file."""
     values = {}
-    found = namespace.get("__run__")
-    for name in (found.parameters if isinstance(found, RunRecord) else None) or _parameters_cell_names():
+    found = found_record(namespace)
+    for name in (found.parameters if found else None) or _parameters_cell_names():
         value = namespace.get(name)
         try:
             json.dumps(value)
@@ -184,8 +191,8 @@ def full_scale_defaults(namespace: dict) -> dict:
     """The full-scale defaults of the parameters `smoke_overrides` replaced in `namespace` ({} outside smoke
     mode, and for a plain dict of parameters): the "will it fit?" tables show the full-scale run next to
     the laptop's."""
-    found = namespace.get("__run__")
-    replaced = found.full_scale if isinstance(found, RunRecord) else {}
+    found = found_record(namespace)
+    replaced = found.full_scale if found else {}
     # A parameter back at its default (the parameters cell run again, not in smoke mode) was not replaced.
     return {name: default for name, default in replaced.items() if namespace.get(name) != default}
 

@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from harness.parameters import RunRecord, record
+from harness.parameters import found_record, record
 
 __all__ = ["REQUIRED_KEYS", "start_clock", "elapsed", "write_results"]
 
@@ -27,8 +27,8 @@ def start_clock(namespace: dict, notebook: str = "") -> None:
 
 def elapsed(namespace: dict) -> float:
     """Seconds since the Set up cell started the run's clock in `namespace` (0.0 where it did not)."""
-    found = namespace.get("__run__")
-    return found.seconds() if isinstance(found, RunRecord) else 0.0
+    found = found_record(namespace)
+    return found.seconds() if found else 0.0
 
 
 def _is_folder(path: str) -> bool:

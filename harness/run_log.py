@@ -155,7 +155,7 @@ class RunLog:
         return True
 
     def registered(self, step: int) -> None:
-        """Ray Train's controller registered the checkpoint of `step` (`harness.drills.RegisteredCheckpoints`):
+        """Ray Train's controller registered the checkpoint of `step` (`harness.drills.registered_checkpoints`):
         a restart from now on resumes there."""
         self.registered_step = int(step)
 
