@@ -130,22 +130,3 @@ def choose_attention(use_flash_attn: bool, use_gpu: bool) -> str:
         )
         return "sdpa"
     return "flash_attention_2"
-
-
-def check_packed(packed, eval_packed, namespace: dict) -> None:
-    """After packing, before any worker starts: at least one global batch of training sequences, and at least
-    one held-out sequence per worker (each scores an equal share; fewer, and a worker's share is empty and
-    the held-out loss divides by zero at the first evaluation)."""
-    p = namespace
-    batch = p["NUM_WORKERS"] * p["BATCH_SIZE_PER_WORKER"] * p["GRADIENT_ACCUMULATION_STEPS"]
-    if len(packed) < batch:
-        raise ParameterError(
-            f"{len(packed)} packed sequences are fewer than one global batch (NUM_WORKERS x BATCH_SIZE_PER_WORKER "
-            f"x GRADIENT_ACCUMULATION_STEPS = {batch}): fewer workers, a smaller batch, or a shorter MAX_SEQ_LEN."
-        )
-    if len(eval_packed) < p["NUM_WORKERS"]:
-        raise ParameterError(
-            f"{len(eval_packed)} held-out sequences of MAX_SEQ_LEN={p['MAX_SEQ_LEN']} tokens are fewer than "
-            f"NUM_WORKERS={p['NUM_WORKERS']}: a worker would score none. Fewer workers, a shorter MAX_SEQ_LEN, "
-            "or a bigger test split."
-        )

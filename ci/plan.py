@@ -136,11 +136,13 @@ def _plan(notebook: str, p: dict) -> int:
     from basics.validate import ParameterError
     from harness import checks, sizing
     from harness.notebooks import notebook as notebook_module
+    from harness.notebooks import parameters
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *_: print(f"Warning: {message}\n")
         try:
+            p = parameters(notebook, p)
             notebook_module(notebook).check(p)
             checks.check_min_workers(notebook, p)
             plan = sizing.plan_for(notebook, p)

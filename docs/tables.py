@@ -19,15 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def _techniques() -> list[tuple[str, str, dict]]:
     """(label, the notebook that teaches it, its plan_training recipe: the notebook's own, from
     its module of `harness.notebooks`), with activation checkpointing on for all, as the page says."""
-    from harness.notebooks import dolly_lightning_fsdp, gpt2_deepspeed, llama_fsdp
+    from harness.notebooks import defaults, dolly_lightning_fsdp, gpt2_deepspeed, llama_fsdp
 
     def zero(stage: int, offload: str = "none") -> dict:
-        return gpt2_deepspeed.plan_recipe({"ZERO_STAGE": stage, "OFFLOAD": offload})
+        return gpt2_deepspeed.plan_recipe(
+            defaults("gpt2_deepspeed").replace(ZERO_STAGE=stage, OFFLOAD=offload)
+        )
 
     def llama(lora_rank: int) -> dict:
-        return llama_fsdp.plan_recipe(
-            {"USE_GRADIENT_CHECKPOINTING": True, "LORA_RANK": lora_rank, "LORA_MERGED": False}
-        )
+        full = defaults("llama_fsdp")
+        return llama_fsdp.plan_recipe(full.replace(USE_GRADIENT_CHECKPOINTING=True, LORA_RANK=lora_rank))
 
     return [
         ("DDP (every GPU holds everything)", "glue_text_classification", zero(0)),
@@ -38,7 +39,9 @@ def _techniques() -> list[tuple[str, str, dict]]:
         (
             "FSDP (Lightning's FSDPStrategy)",
             "dolly_lightning_fsdp",
-            dolly_lightning_fsdp.plan_recipe({"PRECISION": "bf16-mixed", "CPU_OFFLOAD": False}),
+            dolly_lightning_fsdp.plan_recipe(
+                defaults("dolly_lightning_fsdp").replace(PRECISION="bf16-mixed", CPU_OFFLOAD=False)
+            ),
         ),
         ("FSDP2 (`fully_shard`, the Llama recipe)", "llama_fsdp", llama(0)),
         ("LoRA r=16 over FSDP2", "llama_lora", llama(16)),

@@ -19,41 +19,44 @@ from __future__ import annotations
 
 import os
 
+from basics.parameters import Parameters
 from basics.validate import ParameterError, check_int
 from harness.notebooks import notebook as _notebook
+from harness.notebooks import parameters
 from harness.sizing import cluster_step_seconds, global_batch, plan_for, sequences_per_gpu
 from harness.storage import redact, shown
 
 __all__ = ["check_parameters", "check_cluster", "check_min_workers", "check_elastic_save_interval"]
 
 
-def _min_workers(p: dict) -> int:
+def _min_workers(p: Parameters) -> int:
     """`MIN_WORKERS`, or `NUM_WORKERS` where it is not set (None: a fixed-size run)."""
-    value = p.get("MIN_WORKERS")
-    return p["NUM_WORKERS"] if value is None else value
+    return p.NUM_WORKERS if p.MIN_WORKERS is None else p.MIN_WORKERS
 
 
-def check_min_workers(notebook: str, p: dict) -> None:
+def check_min_workers(notebook: str, p) -> None:
     """`MIN_WORKERS`: None or 1..NUM_WORKERS; fewer than NUM_WORKERS makes the run elastic, which needs a
-    checkpoint that loads at another world size, and a plan that fits on MIN_WORKERS workers."""
-    value = p.get("MIN_WORKERS")
-    if value is None or value == p["NUM_WORKERS"]:
+    checkpoint that loads at another world size, and a plan that fits on MIN_WORKERS workers. `p`: the
+    notebook's `Parameters`, or a dict of them."""
+    p = parameters(notebook, p)
+    value = p.MIN_WORKERS
+    if value is None or value == p.NUM_WORKERS:
         return
     check_int("MIN_WORKERS", value, minimum=1)
-    if value > p["NUM_WORKERS"]:
+    if value > p.NUM_WORKERS:
         raise ParameterError(
-            f"MIN_WORKERS={value}: more than NUM_WORKERS={p['NUM_WORKERS']}; use None (a fixed size) "
-            f"or 1..{p['NUM_WORKERS']}."
+            f"MIN_WORKERS={value}: more than NUM_WORKERS={p.NUM_WORKERS}; use None (a fixed size) "
+            f"or 1..{p.NUM_WORKERS}."
         )
     refused = _notebook(notebook).elastic_refused
     if refused:
         raise ParameterError(
             f"MIN_WORKERS={value}: this notebook cannot continue on fewer workers: "
             f"{refused}. It has no MIN_WORKERS parameter: a failed worker is restarted at "
-            f"NUM_WORKERS={p['NUM_WORKERS']}."
+            f"NUM_WORKERS={p.NUM_WORKERS}."
         )
     plan = plan_for(
-        notebook, {**p, "NUM_WORKERS": value}, title=f"the same run on MIN_WORKERS={value} workers"
+        notebook, p.replace(NUM_WORKERS=value), title=f"the same run on MIN_WORKERS={value} workers"
     )
     if plan is not None:
         too_big = [r for r in plan.rows if r.status == "too big"]
@@ -82,28 +85,29 @@ def check_min_workers(notebook: str, p: dict) -> None:
 ELASTIC_REWIND_WARN_H = 1.0
 
 
-def check_elastic_save_interval(p: dict) -> None:
+def check_elastic_save_interval(p) -> None:
     """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training: losing
     a node, the full group's steps; growing back, those of a group of MIN_WORKERS (the same global batch on
     fewer GPUs, padded where their number does not divide it)."""
     import warnings
 
+    p = parameters("operating_a_run", p)  # the elastic notebook's
     step_s = cluster_step_seconds(p)
     if step_s is None:
         return
     fewest = _min_workers(p)
     rewinds = [
-        ("SAVE_STEPS", "losing a node", p["SAVE_STEPS"], p["NUM_WORKERS"], step_s),
+        ("SAVE_STEPS", p.SAVE_STEPS, "losing a node", p.SAVE_STEPS, p.NUM_WORKERS, step_s),
         # A short group saves at least every SAVE_STEPS too.
-        ("SHORT_SAVE_STEPS", "growing back", min(p.get("SHORT_SAVE_STEPS", 1), p["SAVE_STEPS"]), fewest,
+        ("SHORT_SAVE_STEPS", p.SHORT_SAVE_STEPS, "growing back", min(p.SHORT_SAVE_STEPS, p.SAVE_STEPS), fewest,
          cluster_step_seconds(p, fewest)),
     ]  # fmt: skip
-    for name, resize, every, gpus, seconds in rewinds:
+    for name, value, resize, every, gpus, seconds in rewinds:
         if every * seconds <= ELASTIC_REWIND_WARN_H * 3600:
             continue
         bound = max(1, int(ELASTIC_REWIND_WARN_H * 3600 // seconds))
         warnings.warn(
-            f"{name}={p[name]} with MIN_WORKERS={fewest}: {resize} restarts from the last checkpoint, so up to "
+            f"{name}={value} with MIN_WORKERS={fewest}: {resize} restarts from the last checkpoint, so up to "
             f"{every} steps run again, about {every * seconds / 3600:.1f} h of {gpus} GPUs at the post's speed "
             f"({seconds:.0f} s a step), and a spot node that keeps coming and going can stop the run's "
             f"progress. {name}={bound} or fewer keeps that under {ELASTIC_REWIND_WARN_H:g} h, for a "
@@ -112,19 +116,19 @@ def check_elastic_save_interval(p: dict) -> None:
         )
 
 
-def _check_elastic_padding(p: dict) -> None:
+def _check_elastic_padding(p: Parameters) -> None:
     """Warn where a world size the elastic run may go on with does not divide the global batch: each rank
     then runs ceil(global / (world x batch)) micro-steps, the last ones short or empty (weight 0), so a step
     takes up to that many micro-steps' time for the same sequences."""
     import warnings
 
-    batch, sequences, fewest = p["BATCH_SIZE_PER_WORKER"], global_batch(p), _min_workers(p)
-    cost = {w: sequences_per_gpu(p, w) * w / sequences for w in range(fewest, p["NUM_WORKERS"])}
+    batch, sequences, fewest = p.BATCH_SIZE_PER_WORKER, global_batch(p), _min_workers(p)
+    cost = {w: sequences_per_gpu(p, w) * w / sequences for w in range(fewest, p.NUM_WORKERS)}
     worst = max(cost, key=cost.get, default=None)
     if worst is None or cost[worst] < 1.25:
         return
     warnings.warn(
-        f"MIN_WORKERS={fewest}: on {fewest} to {p['NUM_WORKERS'] - 1} workers, a world size that does not divide "
+        f"MIN_WORKERS={fewest}: on {fewest} to {p.NUM_WORKERS - 1} workers, a world size that does not divide "
         f"the global batch of {sequences} sequences pads each step with sequences of weight 0 (micro-steps of "
         f"world x {batch}): up to {cost[worst]:.2f}x the compute the step needs (on {worst} workers; on "
         f"{fewest}: {cost[fewest]:.2f}x). Until the run grows back, its steps are that much slower than the "
@@ -133,18 +137,17 @@ def _check_elastic_padding(p: dict) -> None:
     )
 
 
-def compile_or_eager(namespace: dict) -> str:
+def compile_or_eager(p: Parameters) -> tuple[Parameters, str]:
     """`USE_COMPILE` on GPU nodes that cannot build Triton's kernels (no C compiler, no Python headers):
     every attempt would fail at its first step, after the model's load. Eager instead, with a warning that
-    says what to install; returns the Set up line's words."""
+    says what to install; returns the parameters the run goes on with, and the Set up line's words."""
     import warnings
 
     from harness.nodes import compile_missing_on_nodes
 
     missing = compile_missing_on_nodes(use_gpu=True)
     if not missing:
-        return "; torch.compile can build its kernels there"
-    namespace["USE_COMPILE"] = False
+        return p, "; torch.compile can build its kernels there"
     node, lacks = next(iter(missing.items()))
     warnings.warn(
         f"USE_COMPILE=True -> False: {len(missing)} GPU node(s) cannot build Triton's kernels (node {node} "
@@ -152,37 +155,39 @@ def compile_or_eager(namespace: dict) -> str:
         "eagerly. To compile, install them on the nodes' image (e.g. build-essential and python3-dev).",
         stacklevel=2,
     )
-    return "; eager: torch.compile cannot build its kernels there"
+    return p.replace(USE_COMPILE=False), "; eager: torch.compile cannot build its kernels there"
 
 
-def compiled_attention(namespace: dict) -> None:
+def compiled_attention(p: Parameters) -> Parameters:
     """`USE_COMPILE` with `USE_FLASH_ATTN`: sdpa instead, and a line says so. In every flash-attn call
     transformers checks whether the batch holds packed sequences, a data-dependent branch that breaks the
     compiled graph at each layer (each layer then syncs the GPU); compiled, sdpa runs a flash kernel of its
-    own on A100 and H100, and the plan counts the same memory for both."""
-    if namespace.get("USE_COMPILE") is True and namespace.get("USE_FLASH_ATTN") is True:
-        namespace["USE_FLASH_ATTN"] = False
+    own on A100 and H100, and the plan counts the same memory for both. Returns the parameters the run goes
+    on with."""
+    if p.USE_COMPILE is True and p.USE_FLASH_ATTN is True:
+        p = p.replace(USE_FLASH_ATTN=False)
         print("USE_FLASH_ATTN=True with USE_COMPILE=True -> False: compiled, sdpa runs its own flash kernel")
-    compile_threads(namespace)
+    compile_threads(p)
+    return p
 
 
-def compile_threads(namespace: dict) -> None:
+def compile_threads(p: Parameters) -> None:
     """`USE_COMPILE`: Inductor compiles with `min(32, the node's cores)` processes per rank, since a Ray
     worker sees every core of its node (8 ranks on a 96-core node: 256). `TORCHINDUCTOR_COMPILE_THREADS`
     = `CPUS_PER_WORKER` instead, the cores the worker reserved, for every worker (`job_runtime_env` passes
     it on); one the shell set is left as it is."""
-    if namespace.get("USE_COMPILE") is True and "CPUS_PER_WORKER" in namespace:
-        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, int(namespace["CPUS_PER_WORKER"]))))
+    if p.USE_COMPILE is True:
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, int(p.CPUS_PER_WORKER))))
 
 
-def cluster_from_text(namespace: dict) -> None:
+def cluster_from_text(p: Parameters) -> Parameters:
     """`CLUSTER` as papermill's `-p` passes it, text (`-p CLUSTER '{"p4d.24xlarge": 2}'`), read as the
     mapping it writes (as `make plan` reads it); a line says so. Anything else is left to the checks."""
     import ast
 
-    text = namespace.get("CLUSTER")
+    text = p.CLUSTER
     if not isinstance(text, str):
-        return
+        return p
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -194,8 +199,16 @@ def cluster_from_text(namespace: dict) -> None:
             f"CLUSTER={text!r}: an instance type and a count per node group, e.g. "
             "-p CLUSTER '{\"p4d.24xlarge\": 2}' (or -y 'CLUSTER: {p4d.24xlarge: 2}')."
         )
-    namespace["CLUSTER"] = value
     print(f"CLUSTER, given as text -> {value}")
+    return p.replace(CLUSTER=value)
+
+
+def keep(namespace: dict, p: Parameters) -> None:
+    """The values the checks settled on (CLUSTER read from text, an "auto" the plan chose, a setting given up
+    with a line that says so), in the notebook's variables: its code trains with what was checked."""
+    for name, value in p.as_dict().items():
+        if name in namespace and namespace[name] != value:
+            namespace[name] = value
 
 
 def check_parameters(notebook: str, namespace: dict):
@@ -207,43 +220,40 @@ def check_parameters(notebook: str, namespace: dict):
     on PyTorch's `meta` device, nothing downloaded; a row that does not fit stops here, one above 85 %
     warns); then whether the model and the data can be reached and the sequence fits the model; and
     last, that MLflow can track the run (`MLFLOW_TRACKING_URI`: a server answers, no credentials in it).
+    The notebook's module declares what is read of its parameters (`harness.notebooks`).
     """
-    from basics.validate import check_max_positions, check_source_available, hub_offline
+    from basics.validate import check_max_positions, check_source_available
     from harness.cluster import quiet_deepspeed_on_cpu
     from harness.parameters import check_parameter_names
 
     check_parameter_names(namespace)
-    cluster_from_text(namespace)
-    _notebook(notebook).check(namespace)
+    rules = _notebook(notebook)
+    p = cluster_from_text(rules.parameters.of(namespace))
+    rules.check(p)
     # Only now: it imports torch (1.3 s), and a misspelt name or a bad value is reported without waiting.
     quiet_deepspeed_on_cpu()  # before the plan's ZeRO estimators import DeepSpeed
-    check_min_workers(notebook, namespace)
-    compiled_attention(namespace)
-    plan = plan_for(notebook, namespace)
+    check_min_workers(notebook, p)
+    p = compiled_attention(p)
+    plan = plan_for(notebook, p)
     if plan is not None:
         for name, choice in plan.choices.items():  # "auto" -> the plan's choice, for the run
-            namespace[name] = choice["value"]
+            p = p.replace(**{name: choice["value"]})
             print(f"{name}='auto' -> {choice['value']}: {choice['why']}")
+    keep(namespace, p)
+    if plan is not None:
         plan.check()
-    p = namespace
-    check_source_available("MODEL_NAME", p["MODEL_NAME"], "model")
-    if "GLUE_PATH" in p:
-        if not p["GLUE_PATH"].startswith("hf://"):
-            check_source_available("GLUE_PATH", p["GLUE_PATH"], "dataset")
-        elif hub_offline():
-            raise ParameterError(
-                f"GLUE_PATH={p['GLUE_PATH']!r}: the Hugging Face Hub is offline (HF_HUB_OFFLINE=1). Pass a "
-                "local copy with the same layout, go online, or run the small version with SMOKE_TEST=True."
-            )
+    check_source_available("MODEL_NAME", p.MODEL_NAME, "model")
+    if rules.check_data is not None:
+        rules.check_data(p)
     else:
-        check_max_positions("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], p["MODEL_NAME"])
-        check_source_available("DATASET_NAME", p["DATASET_NAME"], "dataset")
+        check_max_positions("MAX_SEQ_LEN", p.MAX_SEQ_LEN, p.MODEL_NAME)
+        check_source_available("DATASET_NAME", p.DATASET_NAME, "dataset")
     from harness.tracking import check_tracking
 
     check_tracking()  # last: the checks above need no MLflow
-    model = p["MODEL_NAME"].rstrip("/").split("/")[-1]
+    model = p.MODEL_NAME.rstrip("/").split("/")[-1]
     print(
-        f"Parameters OK: {model} on {p['NUM_WORKERS']} workers, checkpoints in {shown(redact(p['STORAGE_PATH']))}"
+        f"Parameters OK: {model} on {p.NUM_WORKERS} workers, checkpoints in {shown(redact(p.STORAGE_PATH))}"
     )
     return plan
 
@@ -299,21 +309,20 @@ def check_cluster(notebook: str, namespace: dict, plan=None) -> None:
     )
     from harness.tracking import check_tracking_from_nodes, tracking_uri
 
-    _notebook(notebook)  # a known notebook
-    p = namespace
+    p = parameters(notebook, namespace)
     check_tracking_from_nodes()  # first: before the weights' download below
     # NUM_WORKERS, even where MIN_WORKERS is set: every notebook trains at least one run of a fixed size,
     # which on a cluster with room for fewer would wait for ever.
-    check_resources(p["NUM_WORKERS"], p["USE_GPU"], p.get("CPUS_PER_WORKER", 1), name="NUM_WORKERS")
-    nodes = check_storage_from_nodes("STORAGE_PATH", p["STORAGE_PATH"], p["USE_GPU"])
+    check_resources(p.NUM_WORKERS, p.USE_GPU, p.CPUS_PER_WORKER, name="NUM_WORKERS")
+    nodes = check_storage_from_nodes("STORAGE_PATH", p.STORAGE_PATH, p.USE_GPU)
     where = f"; every node ({nodes}) reaches STORAGE_PATH" if nodes else ""
-    if p["USE_GPU"] and isinstance(plan, Plan) and "checkpoint_rank_bytes" in plan.details:
-        where += check_storage_rate(p["STORAGE_PATH"], plan.details)
+    if p.USE_GPU and isinstance(plan, Plan) and "checkpoint_rank_bytes" in plan.details:
+        where += check_storage_rate(p.STORAGE_PATH, plan.details)
     if gpu_nodes := check_gpus_match_cluster(p):
         where += f"; the GPUs of {gpu_nodes} node(s) are CLUSTER's"
     if isinstance(plan, Plan):  # before the Llama prefetch below: its download is what may not fit
         needs = {"hub cache": plan.details["hub_download_bytes"], "temp": plan.details["temp_file_bytes"]}
-        checked = check_local_disk_on_nodes(needs, p["MODEL_NAME"], p["USE_GPU"])
+        checked = check_local_disk_on_nodes(needs, p.MODEL_NAME, p.USE_GPU)
         if checked:
             where += f"; local disk checked on {checked} node(s)"
         else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
@@ -323,12 +332,14 @@ def check_cluster(notebook: str, namespace: dict, plan=None) -> None:
                 else ""
             )
     if notebook in ("llama_fsdp", "llama_lora", "operating_a_run"):
-        seconds = prefetch_model_on_nodes("MODEL_NAME", p["MODEL_NAME"], p["USE_GPU"])
+        seconds = prefetch_model_on_nodes("MODEL_NAME", p.MODEL_NAME, p.USE_GPU)
         if seconds:
             where += f"; the weights are on {len(seconds)} node(s), slowest {max(seconds.values()):.0f} s"
         else:  # an autoscaling cluster with no GPU node up yet (check_resources only warned)
             where += "; no node to fetch the weights on yet: rank 0 will download them itself"
-    if p.get("USE_COMPILE") is True and p["USE_GPU"]:
-        where += compile_or_eager(p)
-    room = f"{p['NUM_WORKERS']} workers"
+    if p.USE_COMPILE is True and p.USE_GPU:
+        p, words = compile_or_eager(p)
+        keep(namespace, p)
+        where += words
+    room = f"{p.NUM_WORKERS} workers"
     print(f"Cluster OK: room for {room}{where}; runs tracked in MLflow at {shown(redact(tracking_uri()))}")

@@ -217,7 +217,9 @@ def _first_attempt_at(watch, training, step: int) -> dict | None:
     """Wait until the run's first attempt has logged `step`, with more than one rank; its progress (None if
     the run ended first)."""
     return _wait(
-        watch, training, lambda p: p["attempts"] == 1 and p["last_step"] >= step and len(p["ranks"]) > 1
+        watch,
+        training,
+        lambda now: now["attempts"] == 1 and now["last_step"] >= step and len(now["ranks"]) > 1,
     )
 
 
@@ -296,13 +298,13 @@ def registered_checkpoints(watch):
     return RegisteredCheckpoints(watch.run_log)
 
 
-def _past_a_registered_checkpoint(p: dict, at_step: int, save_steps: int) -> bool:
+def _past_a_registered_checkpoint(now: dict, at_step: int, save_steps: int) -> bool:
     """The first attempt, on more than one rank, has logged `at_step` or later, not a checkpoint's step, and
     the checkpoint before it (one every `save_steps`) is registered: a restart now resumes there."""
-    last = p["last_step"]
+    last = now["last_step"]
     saved = last // save_steps * save_steps
-    first = p["attempts"] == 1 and len(p["ranks"]) > 1
-    return first and last >= at_step and last % save_steps > 0 and p["registered_step"] == saved > 0
+    first = now["attempts"] == 1 and len(now["ranks"]) > 1
+    return first and last >= at_step and last % save_steps > 0 and now["registered_step"] == saved > 0
 
 
 def kill_worker(watch, at_step: int, save_steps: int):
@@ -314,7 +316,7 @@ def kill_worker(watch, at_step: int, save_steps: int):
     def drill(training) -> dict:
         import ray
 
-        progress = _wait(watch, training, lambda p: _past_a_registered_checkpoint(p, at_step, save_steps))
+        progress = _wait(watch, training, lambda now: _past_a_registered_checkpoint(now, at_step, save_steps))
         if progress is None:
             return {}
         rank, node, pid = _worker_node(progress)
@@ -387,7 +389,9 @@ def lose_node(watch, after_step: int, save_steps: int, back_after_steps: int, cl
     def drill(training) -> dict:
         if cluster is None:
             return {}
-        progress = _wait(watch, training, lambda p: _past_a_registered_checkpoint(p, after_step, save_steps))
+        progress = _wait(
+            watch, training, lambda now: _past_a_registered_checkpoint(now, after_step, save_steps)
+        )
         if progress is None:
             return {}
         _, node, _ = _worker_node(progress)
@@ -396,11 +400,11 @@ def lose_node(watch, after_step: int, save_steps: int, back_after_steps: int, cl
         seen = {"lost_after_step": progress["last_step"]}
         start = {}
 
-        def shrunk_and_trained(p: dict) -> bool:
-            if p["attempts"] < 2 or (p["world_size"] or 0) >= len(progress["ranks"]):
+        def shrunk_and_trained(now: dict) -> bool:
+            if now["attempts"] < 2 or (now["world_size"] or 0) >= len(progress["ranks"]):
                 return False
-            start.setdefault(p["attempts"], p["last_step"])
-            return p["last_step"] >= start[p["attempts"]] + back_after_steps
+            start.setdefault(now["attempts"], now["last_step"])
+            return now["last_step"] >= start[now["attempts"]] + back_after_steps
 
         progress = _wait(watch, training, shrunk_and_trained)
         if progress is not None:
@@ -419,17 +423,17 @@ def section_costs(namespace: dict) -> dict[str, float] | None:
     from basics.cost import run_cost
     from harness.sizing import cluster_step_seconds, full_scale
 
-    p = full_scale(namespace)
+    p = full_scale("operating_a_run", namespace)
     step_s = cluster_step_seconds(p)
     if step_s is None:
         return None
-    steps, cluster = p["STEPS_PER_SECTION"], p["CLUSTER"]
+    steps, cluster = p.STEPS_PER_SECTION, p.CLUSTER
     restart_s = 300  # a new worker group, the 7B reloaded from the checkpoint: minutes at full scale
-    repeated = p["KILL_WORKER_AT_STEP"] - p["KILL_WORKER_AT_STEP"] // p["SAVE_STEPS"] * p["SAVE_STEPS"]
-    elastic_step_s = cluster_step_seconds(p, p["MIN_WORKERS"]) or step_s
+    repeated = p.KILL_WORKER_AT_STEP % p.SAVE_STEPS  # the steps since the last checkpoint
+    elastic_step_s = cluster_step_seconds(p, p.MIN_WORKERS) or step_s
     return {
         "a worker dies": run_cost((steps + repeated) * step_s + restart_s, cluster),
-        "a spot notice": run_cost(steps * step_s + p["NOTICE_DEADLINE_S"] + restart_s, cluster),
+        "a spot notice": run_cost(steps * step_s + p.NOTICE_DEADLINE_S + restart_s, cluster),
         # up to half the steps at MIN_WORKERS (the nodes of the others still billed until reclaimed)
         "a node is lost": run_cost(steps / 2 * (step_s + elastic_step_s) + 2 * restart_s, cluster),
     }

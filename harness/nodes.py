@@ -237,15 +237,15 @@ def _gpu_memory_bytes() -> int | None:
         return None
 
 
-def check_gpus_match_cluster(p: dict) -> int:
-    """The plan counted the GPUs of `CLUSTER`; the nodes have what they have. Fail, naming `CLUSTER`, where a
+def check_gpus_match_cluster(p) -> int:
+    """The plan counted the GPUs of `CLUSTER` (`p`: the notebook's `Parameters`); the nodes have what they have. Fail, naming `CLUSTER`, where a
     GPU node's GPUs have less memory than the plan's (16 A100-40GB planned as the default's A100-80GB would
     fail after the weights' download). Returns how many GPU nodes were checked."""
     from basics.hardware import NODE_TYPES
     from basics.validate import ParameterError
 
-    types = [NODE_TYPES[t] for t in (p.get("CLUSTER") or {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
-    if not p.get("USE_GPU") or not types:
+    types = [NODE_TYPES[t] for t in (p.CLUSTER or {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
+    if not p.USE_GPU or not types:
         return 0
     planned = min(types, key=lambda t: t.gpu_memory)
     answers = _on_every_node(_gpu_memory_bytes, use_gpu=True)
@@ -254,7 +254,7 @@ def check_gpus_match_cluster(p: dict) -> int:
     if short:
         found = ", ".join(f"{node}: {have / 2**30:.0f} GiB" for node, have in sorted(short.items()))
         raise ParameterError(
-            f"CLUSTER={p['CLUSTER']!r}: the plan counts {planned.gpu} GPUs of {planned.gpu_memory / 2**30:.1f} "
+            f"CLUSTER={p.CLUSTER!r}: the plan counts {planned.gpu} GPUs of {planned.gpu_memory / 2**30:.1f} "
             f"GiB, but {len(short)} of this cluster's {len(answers)} GPU node(s) have less ({found}). Set CLUSTER "
             "to the node type you have, so that the plan counts its GPUs."
         )

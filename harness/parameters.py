@@ -44,6 +44,9 @@ RENAMED = {
 }
 
 
+RUN_RECORD = "__run__"  # its name in the notebook's globals
+
+
 @dataclass
 class RunRecord:
     """What a notebook's Set up cell learned of its run, kept in the notebook's globals as `__run__`."""
@@ -62,7 +65,7 @@ class RunRecord:
 def found_record(namespace: dict) -> RunRecord | None:
     """The run record in `namespace` (a notebook's globals); None where Set up made none (a plain dict of
     parameters, as `make plan` passes)."""
-    found = namespace.get("__run__")
+    found = namespace.get(RUN_RECORD)
     return found if isinstance(found, RunRecord) else None
 
 
@@ -70,7 +73,7 @@ def record(namespace: dict) -> RunRecord:
     """The run record in `namespace` (a notebook's globals), made on first use."""
     found = found_record(namespace)
     if found is None:
-        found = namespace["__run__"] = RunRecord()
+        found = namespace[RUN_RECORD] = RunRecord()
     return found
 
 

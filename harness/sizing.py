@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 
+from basics.parameters import Parameters
 from harness.notebooks import notebook as harness_notebook
+from harness.notebooks import parameters
 
 __all__ = [
     "plan_for",
@@ -23,76 +25,77 @@ __all__ = [
 ]
 
 
-def global_batch(p: dict) -> int:
+def global_batch(p: Parameters) -> int:
     """Sequences per optimizer step: NUM_WORKERS x BATCH_SIZE_PER_WORKER x GRADIENT_ACCUMULATION_STEPS."""
-    return p["NUM_WORKERS"] * p["BATCH_SIZE_PER_WORKER"] * p.get("GRADIENT_ACCUMULATION_STEPS", 1)
+    return p.NUM_WORKERS * p.BATCH_SIZE_PER_WORKER * p.GRADIENT_ACCUMULATION_STEPS
 
 
-def sequences_per_gpu(p: dict, gpus: int) -> int:
+def sequences_per_gpu(p: Parameters, gpus: int) -> int:
     """Each GPU's sequences in one optimizer step of `p`'s global batch on `gpus` GPUs: whole micro-steps of
     BATCH_SIZE_PER_WORKER, the last ones padded with sequences of weight 0 where the GPUs do not divide the
     batch (llama_fsdp's `elastic_micro_batches`), so GPUs beyond the batch's sequences only wait."""
-    batch = p["BATCH_SIZE_PER_WORKER"]
+    batch = p.BATCH_SIZE_PER_WORKER
     return math.ceil(global_batch(p) / (gpus * batch)) * batch
 
 
-def step_seconds(p: dict, params: int, peak: float, gpus: int, flops_per_token: int, mfu: float) -> float:
+def step_seconds(
+    p: Parameters, params: int, peak: float, gpus: int, flops_per_token: int, mfu: float
+) -> float:
     """One optimizer step's estimated time on `gpus` GPUs of dense bf16 `peak` FLOP/s each, at `mfu`:
     `flops_per_token` x params FLOPs for each token of each GPU's sequences."""
-    tokens = sequences_per_gpu(p, gpus) * p["MAX_SEQ_LEN"]
+    tokens = sequences_per_gpu(p, gpus) * p.MAX_SEQ_LEN
     return flops_per_token * params * tokens / (peak * mfu)
 
 
-def cluster_step_seconds(p: dict, workers: int | None = None) -> float | None:
+def cluster_step_seconds(p: Parameters, workers: int | None = None) -> float | None:
     """`step_seconds` of `p`'s full fine-tuning on `workers` (default `NUM_WORKERS`) GPUs of its `CLUSTER`
     at `POST_MFU`; None without GPUs or a known bf16 peak (a CPU run)."""
     from basics.hardware import NODE_TYPES
     from basics.plan import model_config, model_size
 
-    gpus = [NODE_TYPES[t].gpu for t in p.get("CLUSTER", {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
-    peak = _bf16_peak(gpus[0]) if gpus and p.get("USE_GPU") else None
+    gpus = [NODE_TYPES[t].gpu for t in (p.CLUSTER or {}) if t in NODE_TYPES and NODE_TYPES[t].gpus]
+    peak = _bf16_peak(gpus[0]) if gpus and p.USE_GPU else None
     if not peak:
         return None
-    params = model_size(model_config(p["MODEL_NAME"])).params
-    return step_seconds(p, params, peak, workers or p["NUM_WORKERS"], flops_per_token=6, mfu=POST_MFU)
+    params = model_size(model_config(p.MODEL_NAME)).params
+    return step_seconds(p, params, peak, workers or p.NUM_WORKERS, flops_per_token=6, mfu=POST_MFU)
 
 
-def plan_for(notebook: str, p: dict, title: str | None = None):
-    """The "will it fit?" plan (`basics.plan.Plan`) of `notebook` with the parameters `p`; None for a
-    notebook without one (GLUE's models fit any GPU)."""
+def plan_for(notebook: str, p, title: str | None = None):
+    """The "will it fit?" plan (`basics.plan.Plan`) of `notebook` with the parameters `p` (its `Parameters`,
+    or a dict of them); None for a notebook without one (GLUE's models fit any GPU)."""
     from basics.hardware import check_node_counts
     from basics.plan import plan_training
 
     recipe = harness_notebook(notebook).plan_recipe
     if recipe is None:
         return None
-    if p["USE_GPU"]:
-        check_node_counts(
-            p["CLUSTER"]
-        )  # before the model's config is loaded: a wrong count is refused at once
+    p = parameters(notebook, p)
+    if p.USE_GPU:
+        check_node_counts(p.CLUSTER)  # before the model's config is loaded: a wrong count is refused at once
     choices = {}
-    if p.get("USE_GRADIENT_CHECKPOINTING") == "auto":
+    if p.USE_GRADIENT_CHECKPOINTING == "auto":
         checkpointing, why = choose_checkpointing(notebook, p)
-        p = {**p, "USE_GRADIENT_CHECKPOINTING": checkpointing}
+        p = p.replace(USE_GRADIENT_CHECKPOINTING=checkpointing)
         choices["USE_GRADIENT_CHECKPOINTING"] = {"value": checkpointing, "why": why}
     plan = plan_training(
-        title=title or f"{p['MODEL_NAME'].rstrip('/').split('/')[-1]} on {p['NUM_WORKERS']} workers",
-        model_name=p["MODEL_NAME"],
-        num_workers=p["NUM_WORKERS"],
-        cluster=p["CLUSTER"] if p["USE_GPU"] else None,  # None: this machine's CPU workers
-        batch_size=p["BATCH_SIZE_PER_WORKER"],
-        seq_len=p["MAX_SEQ_LEN"],
+        title=title or f"{p.MODEL_NAME.rstrip('/').split('/')[-1]} on {p.NUM_WORKERS} workers",
+        model_name=p.MODEL_NAME,
+        num_workers=p.NUM_WORKERS,
+        cluster=p.CLUSTER if p.USE_GPU else None,  # None: this machine's CPU workers
+        batch_size=p.BATCH_SIZE_PER_WORKER,
+        seq_len=p.MAX_SEQ_LEN,
         recipe=recipe(p),
     )
     plan.choices.update(choices)
     return plan
 
 
-def choose_checkpointing(notebook: str, p: dict) -> tuple[bool, str]:
+def choose_checkpointing(notebook: str, p: Parameters) -> tuple[bool, str]:
     """`USE_GRADIENT_CHECKPOINTING="auto"`: False (nothing recomputed) where the training row fits without it
     within the plan's margin (at most 85 % of the GPU), else True (every layer recomputed in the backward
     pass, about a third more compute); and why, in numbers."""
-    row = plan_for(notebook, {**p, "USE_GRADIENT_CHECKPOINTING": False}).rows[0]  # training, per GPU
+    row = plan_for(notebook, p.replace(USE_GRADIENT_CHECKPOINTING=False)).rows[0]  # training, per GPU
     without = f"without recomputation training needs {row.need / 1e9:,.1f} GB per device"
     if row.share is None:
         return False, without
@@ -110,11 +113,11 @@ def compare_plans(notebook: str, namespace: dict, variants: dict[str, dict]):
     full-scale value: `"{NUM_WORKERS} workers"`."""
     import pandas as pd
 
-    p = full_scale(namespace)
+    p = full_scale(notebook, namespace)
     columns = {}
     for label, changes in variants.items():
-        title = label.format(**{k: v for k, v in p.items() if isinstance(k, str) and k.isupper()})
-        plan = plan_for(notebook, {**p, **changes}, title=title)
+        title = label.format(**p.as_dict())
+        plan = plan_for(notebook, p.replace(**changes), title=title)
         columns[title] = {f"{r.what} ({r.where})": _cell(r) for r in plan.rows}
     return pd.DataFrame(columns)
 
@@ -127,11 +130,14 @@ def _cell(row) -> str:
     return f"{row.need / 1e9:,.1f} GB ({row.share:.0%}{status})"
 
 
-def full_scale(p: dict) -> dict:
-    """`p` with the full-scale defaults smoke mode replaced put back (the parameters cell's values)."""
+def full_scale(notebook: str, namespace: dict) -> Parameters:
+    """The notebook's parameters (`namespace`: its globals) with the full-scale defaults smoke mode replaced
+    put back: the parameters cell's values."""
+    from collections import ChainMap
+
     from harness.parameters import full_scale_defaults
 
-    return {**p, **full_scale_defaults(p)}
+    return parameters(notebook, ChainMap(full_scale_defaults(namespace), namespace))
 
 
 # Model FLOPs utilization for the time estimates: the only figure measured for this recipe is the Hugging
@@ -158,7 +164,7 @@ def _bf16_peak(gpu: str) -> float | None:
 
 def cheapest_shapes(
     notebook: str,
-    p: dict,
+    p: Parameters,
     lora_rank: int = 16,
     mfu: float = POST_MFU,
     max_nodes: int = 32,
@@ -187,7 +193,7 @@ def cheapest_shapes(
     hourly = f"USD per hour ({PRICES_AS_OF if prices is None else 'yours'})"
     prices = INSTANCE_PRICES if prices is None else prices
 
-    params = model_size(model_config(p["MODEL_NAME"])).params
+    params = model_size(model_config(p.MODEL_NAME)).params
     rows = []
     for name, node in NODE_TYPES.items():
         if not node.gpus or name not in prices or not node.bf16:
@@ -195,7 +201,7 @@ def cheapest_shapes(
         peak = _bf16_peak(node.gpu)
         for method, rank, flops_per_token in (("full", 0, 6), (f"LoRA r={lora_rank}", lora_rank, 4)):
             for count in range(1, max_nodes + 1):
-                shape = {**p, "CLUSTER": {name: count}, "NUM_WORKERS": count * node.gpus, "LORA_RANK": rank}
+                shape = p.replace(CLUSTER={name: count}, NUM_WORKERS=count * node.gpus, LORA_RANK=rank)
                 plan = plan_for(notebook, shape)
                 if all(r.status != "too big" for r in plan.rows):
                     break
@@ -207,7 +213,7 @@ def cheapest_shapes(
                 continue
             gpus = count * node.gpus
             step_s = step_seconds(p, params, peak, gpus, flops_per_token, mfu) if peak else None
-            hours = None if step_s is None else p["MAX_STEPS"] * step_s / 3600
+            hours = None if step_s is None else p.MAX_STEPS * step_s / 3600
             price = count * prices[name]
             rows.append(
                 {

@@ -20,7 +20,8 @@ from basics.cost import run_cost
 from basics.glue import GLUE_TASKS
 from basics.memory import PeakRSS
 from basics.metrics import GlueMetric
-from basics.validate import ParameterError, check_packed, choose_attention
+from basics.parameters import check_packed
+from basics.validate import ParameterError, choose_attention
 from harness import drills, sizing, storage
 from harness.cache import local_storage
 from harness.observe import Observer, lightning_observer, trainer_observer, watch

@@ -114,9 +114,8 @@ def test_each_notebook_keeps_its_own_run_record(monkeypatch):
         "SMOKE_TEST": True,
     }
     assert list(harness.parameters.parameter_values(second)) == ["TASK", "NUM_WORKERS", "SMOKE_TEST"]
-    assert (
-        harness.sizing.full_scale(first)["NUM_WORKERS"] == 16 and harness.sizing.full_scale(second) == second
-    )
+    assert harness.parameters.full_scale_defaults(first) == {"NUM_WORKERS": 16}
+    assert harness.parameters.full_scale_defaults(second) == {}
     assert first["__run__"].notebook == "first" and second["__run__"].notebook == "second"
     assert 0 <= harness.results.elapsed(first) < 60 and harness.results.elapsed({}) == 0.0
     first["NUM_WORKERS"] = 16  # the parameters cell run again, not in smoke mode: nothing replaced
@@ -277,14 +276,16 @@ def test_compiling_workers_use_the_cores_they_reserved(monkeypatch):
     # USE_COMPILE, Set up sets CPUS_PER_WORKER and the job carries it to every worker; a shell's own value wins.
     import harness.cluster
     from harness.checks import compiled_attention
+    from harness.notebooks import defaults
 
+    p = defaults("llama_fsdp").replace(USE_FLASH_ATTN=False, CPUS_PER_WORKER=10)
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
-    compiled_attention({"USE_COMPILE": False, "CPUS_PER_WORKER": 10})
+    compiled_attention(p.replace(USE_COMPILE=False))
     assert "TORCHINDUCTOR_COMPILE_THREADS" not in harness.cluster.job_runtime_env(attach=False)["env_vars"]
-    compiled_attention({"USE_COMPILE": True, "USE_FLASH_ATTN": False, "CPUS_PER_WORKER": 10})
+    compiled_attention(p.replace(USE_COMPILE=True))
     assert harness.cluster.job_runtime_env(attach=False)["env_vars"]["TORCHINDUCTOR_COMPILE_THREADS"] == "10"
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "4")
-    compiled_attention({"USE_COMPILE": True, "USE_FLASH_ATTN": False, "CPUS_PER_WORKER": 10})
+    compiled_attention(p.replace(USE_COMPILE=True))
     assert harness.cluster.job_runtime_env(attach=False)["env_vars"]["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
 
 
@@ -407,14 +408,15 @@ def test_a_cluster_whose_gpus_are_smaller_than_the_plans_is_refused(monkeypatch)
     # Sixteen A100-40GB under the default {"p4de.24xlarge": 2}: the plan's 98 % of 80 GB passed, and the run
     # failed after the 138 GB download. Each GPU node says what its GPUs have (nvidia-smi, in a task there).
     from harness import nodes
+    from harness.notebooks import defaults
 
-    p = {"USE_GPU": True, "CLUSTER": {"p4de.24xlarge": 2}}
+    p = defaults("llama_fsdp").replace(USE_GPU=True, CLUSTER={"p4de.24xlarge": 2})
     monkeypatch.setattr(nodes, "_on_every_node", lambda check, **kw: {"a": 40 * 2**30, "b": 40 * 2**30})
     with pytest.raises(helpers.ParameterError, match=r"CLUSTER=.*A100-80GB.*2 of this cluster's 2 GPU node"):
         nodes.check_gpus_match_cluster(p)
     monkeypatch.setattr(nodes, "_on_every_node", lambda check, **kw: {"a": 80 * 2**30, "b": None})
     assert nodes.check_gpus_match_cluster(p) == 2  # 80 GiB as nvidia-smi counts; a node that cannot tell
-    assert nodes.check_gpus_match_cluster({**p, "USE_GPU": False}) == 0
+    assert nodes.check_gpus_match_cluster(p.replace(USE_GPU=False)) == 0
 
 
 def test_measuring_a_resume_lists_the_bucket_with_a_deadline(monkeypatch):
@@ -445,13 +447,14 @@ def test_measuring_a_resume_lists_the_bucket_with_a_deadline(monkeypatch):
 def test_cluster_passed_as_text_is_read_as_the_mapping_it_writes(capsys):
     # papermill's -p passes `{"p4d.24xlarge": 2}` as text: `make plan` read it, Set up refused it.
     from harness.checks import cluster_from_text
+    from harness.notebooks import defaults
 
-    namespace = {"CLUSTER": '{"p4d.24xlarge": 2}'}
-    cluster_from_text(namespace)
-    assert namespace["CLUSTER"] == {"p4d.24xlarge": 2} and "given as text" in capsys.readouterr().out
+    p = defaults("llama_fsdp")
+    assert cluster_from_text(p.replace(CLUSTER='{"p4d.24xlarge": 2}')).CLUSTER == {"p4d.24xlarge": 2}
+    assert "given as text" in capsys.readouterr().out
     for bad in ("p4d.24xlarge", '{"p4d.24xlarge": "two"}', "{1: 2}"):
         with pytest.raises(helpers.ParameterError, match=r"CLUSTER=.*an instance type and a count"):
-            cluster_from_text({"CLUSTER": bad})
+            cluster_from_text(p.replace(CLUSTER=bad))
 
 
 def test_cluster_env_sets_its_values_and_runs_nothing_when_sourced(tmp_path):
@@ -529,31 +532,30 @@ def test_compiling_uses_sdpa_rather_than_flash_attention(capsys):
     # flash-attn's packed-sequence check breaks the compiled graph at every layer (the compile speed-up was
     # measured with sdpa).
     from harness.checks import compiled_attention
+    from harness.notebooks import defaults
 
-    both = {"USE_COMPILE": True, "USE_FLASH_ATTN": True}
-    compiled_attention(both)
-    assert both["USE_FLASH_ATTN"] is False and "sdpa" in capsys.readouterr().out
-    eager = {"USE_COMPILE": False, "USE_FLASH_ATTN": True}
-    compiled_attention(eager)
-    assert eager["USE_FLASH_ATTN"] is True
+    both = defaults("llama_fsdp").replace(USE_COMPILE=True, USE_FLASH_ATTN=True)
+    assert compiled_attention(both).USE_FLASH_ATTN is False and "sdpa" in capsys.readouterr().out
+    assert compiled_attention(both.replace(USE_COMPILE=False)).USE_FLASH_ATTN is True
 
 
 def test_compiling_on_gpu_nodes_that_cannot_build_kernels_falls_back_to_eager(monkeypatch):
     # USE_COMPILE=True, the full-scale default, first tried at the first step after the 70B load: on an image
     # without a C compiler every attempt failed there.
     from harness import checks, nodes
+    from harness.notebooks import defaults
 
     monkeypatch.setattr(
         nodes, "_on_every_node", lambda check, use_gpu=False: {"10.0.0.2 gpu": "a C compiler"}
     )
-    p = {"USE_COMPILE": True}
+    p = defaults("llama_fsdp").replace(USE_COMPILE=True)
     with pytest.warns(UserWarning, match=r"USE_COMPILE=True -> False: 1 GPU node.*lacks a C compiler"):
-        assert "eager" in checks.compile_or_eager(p)
-    assert p["USE_COMPILE"] is False
+        eager, said = checks.compile_or_eager(p)
+    assert "eager" in said and eager.USE_COMPILE is False
     monkeypatch.setattr(nodes, "_on_every_node", lambda check, use_gpu=False: {"10.0.0.2 gpu": check()})
     monkeypatch.setattr(nodes, "_compile_prerequisites", lambda: None)
-    p = {"USE_COMPILE": True}
-    assert "can build" in checks.compile_or_eager(p) and p["USE_COMPILE"] is True
+    compiled, said = checks.compile_or_eager(p)
+    assert "can build" in said and compiled.USE_COMPILE is True
 
 
 def test_storage_too_slow_for_a_checkpoint_within_the_timeout_is_refused_before_training(tmp_path):

@@ -222,12 +222,17 @@ def test_llama_on_an_autoscaling_cluster_with_no_gpu_node_yet(monkeypatch, capsy
     monkeypatch.setattr(
         harness.nodes, "_check_shared_folder", lambda name, folder, use_gpu=False: 1
     )  # one machine
-    namespace = {
-        "NUM_WORKERS": 16,
-        "USE_GPU": True,
-        "STORAGE_PATH": str(tmp_path),
-        "MODEL_NAME": "meta-llama/x",
-    }
+    namespace = (
+        harness.notebooks.defaults("llama_fsdp")
+        .replace(
+            NUM_WORKERS=16,
+            USE_GPU=True,
+            STORAGE_PATH=str(tmp_path),
+            MODEL_NAME="meta-llama/x",
+            USE_COMPILE=False,
+        )
+        .as_dict()
+    )
     plan = Plan("70B", [], {"hub_download_bytes": 138e9, "temp_file_bytes": 138e9})
     with pytest.warns(UserWarning, match="autoscaler"):
         harness.checks.check_cluster("llama_fsdp", namespace, plan)
@@ -360,14 +365,14 @@ def test_cpus_per_worker_must_fit_the_nodes_of_the_cluster():
     import harness.checks
     import harness.sizing
 
-    p = {"CPUS_PER_WORKER": 13, "USE_GPU": True, "CLUSTER": {"p4de.24xlarge": 2}}
+    p = harness.notebooks.defaults("llama_fsdp").replace(USE_GPU=True, CLUSTER={"p4de.24xlarge": 2})
     with pytest.raises(
         helpers.ParameterError, match=r"CPUS_PER_WORKER=13: a p4de.24xlarge has 96 vCPUs .* 12 each"
     ):
-        harness.notebooks.check_cpus_per_worker(p)
-    harness.notebooks.check_cpus_per_worker({**p, "CPUS_PER_WORKER": 10})
+        harness.notebooks.check_cpus_per_worker(p.replace(CPUS_PER_WORKER=13))
+    harness.notebooks.check_cpus_per_worker(p.replace(CPUS_PER_WORKER=10))
     with pytest.raises(helpers.ParameterError, match="CPUS_PER_WORKER=0"):
-        harness.notebooks.check_cpus_per_worker({**p, "CPUS_PER_WORKER": 0})
+        harness.notebooks.check_cpus_per_worker(p.replace(CPUS_PER_WORKER=0))
 
 
 def test_redact_masks_a_uris_credentials_and_keeps_the_bucket():
@@ -499,7 +504,13 @@ def test_packing_that_leaves_a_worker_no_held_out_sequence_is_refused():
     # than workers the held-out loss divided by zero at the first evaluation, hours in; now refused at packing.
     import torch
 
-    p = {"NUM_WORKERS": 16, "BATCH_SIZE_PER_WORKER": 1, "GRADIENT_ACCUMULATION_STEPS": 1, "MAX_SEQ_LEN": 2048}
+    from basics.parameters import Parameters
+
+    p = Parameters(
+        MODEL_NAME="meta-llama/Llama-2-70b-hf", NUM_WORKERS=16, BATCH_SIZE_PER_WORKER=1, LEARNING_RATE=5e-5,
+        USE_GPU=True, CPUS_PER_WORKER=8, STORAGE_PATH="/mnt/cluster_storage", PLACEMENT_STRATEGY="PACK",
+        MAX_FAILURES=1, MAX_SEQ_LEN=2048, CLUSTER={"p4de.24xlarge": 2}, DATASET_NAME="smangrul/code-chat",
+    )  # fmt: skip
     train, held_out = torch.zeros(16, 4), torch.zeros(15, 4)
     with pytest.raises(helpers.ParameterError, match=r"15 held-out sequences .* fewer than NUM_WORKERS=16"):
         helpers.check_packed(train, held_out, p)

@@ -118,9 +118,10 @@ def test_compiling_the_layers_is_a_lesson_knob_the_parameters_check():
     from basics.validate import ParameterError
     from ci.plan import parameters
     from harness.notebooks import notebook
+    from harness.notebooks import parameters as of_notebook
 
-    p = parameters("llama_fsdp", [])
-    assert p["USE_COMPILE"] is True
+    p = of_notebook("llama_fsdp", parameters("llama_fsdp", []))
+    assert p.USE_COMPILE is True
     notebook("llama_fsdp").check(p)
     with pytest.raises(ParameterError, match="USE_COMPILE"):
-        notebook("llama_fsdp").check({**p, "USE_COMPILE": "yes"})
+        notebook("llama_fsdp").check(p.replace(USE_COMPILE="yes"))

@@ -109,6 +109,27 @@ def test_papermill_sees_every_parameter(path):
     assert list(papermill.inspect_notebook(str(path))) == _assigned(_parameter_cells(nb)[-1].source)
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_its_module_declares_what_the_packages_read_of_its_parameters(path):
+    # The checks and the plan read a notebook's parameters as attributes of its module's `Parameters`
+    # (harness.notebooks), built in its Set up cell. A field without a default is a parameter the notebook
+    # must define; a default stands only for one it does not have. So a parameter renamed in the notebook
+    # fails here, and in the Set up cell, never as a silent default or at the last cell of a run.
+    import dataclasses
+
+    from harness.notebooks import notebook
+
+    names = {n for c in _parameter_cells(nbformat.read(path, as_version=4)) for n in _assigned(c.source)}
+    fields = dataclasses.fields(notebook(path.stem).parameters)
+    missing = dataclasses.MISSING
+    required = {f.name for f in fields if f.default is missing and f.default_factory is missing}
+    defaulted = {f.name for f in fields} - required
+    assert required <= names, f"the notebook does not define {sorted(required - names)}"
+    assert not defaulted & names, (
+        f"declare {sorted(defaulted & names)} without a default: the notebook has them"
+    )
+
+
 # ---- the lesson's shape: what a learner finds, in order ------------------------------------------
 
 # The first lesson code: the first cell that loads data or a model (the tutorial's own first step).

@@ -205,29 +205,39 @@ def test_one_task_asks_for_no_more_gpus_than_the_largest_node(monkeypatch):
         hc.gpus_for_one_task("The chat task", 8)
 
 
-# The Llama notebook's parameters at full scale, as the plan reads them.
+# The Llama recipe's parameters at full scale on 16 A100-80GB, as the plan reads them: a notebook's own
+# parameters (its parameters cells' defaults) with these, which the figures below are pinned to.
 LLAMA_FULL_SCALE = dict(
     MODEL_NAME="meta-llama/Llama-2-70b-chat-hf",
     NUM_WORKERS=16,
     USE_GPU=True,
     CLUSTER={"p4de.24xlarge": 2},
     BATCH_SIZE_PER_WORKER=1,
+    GRADIENT_ACCUMULATION_STEPS=1,
     MAX_SEQ_LEN=2048,
     USE_GRADIENT_CHECKPOINTING=True,
 )
+
+
+def full_scale(notebook: str = "llama_fsdp", **changes):
+    """`notebook`'s parameters (`harness.notebooks.defaults`) with LLAMA_FULL_SCALE, then `changes`."""
+    import harness.notebooks
+
+    return harness.notebooks.defaults(notebook).replace(**{**LLAMA_FULL_SCALE, **changes})
 
 
 def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     # The sharding sections' tables: the full-scale run (the parameters cell's defaults, even after smoke
     # mode replaced them) for 1 worker against 16; a variant that does not fit says so in words.
     import harness.checks
+    import harness.notebooks
     import harness.parameters
     import harness.sizing
 
-    smoke = {**LLAMA_FULL_SCALE, "MODEL_NAME": "/tmp/tiny-llama"}
+    smoke = {**full_scale().as_dict(), "MODEL_NAME": "/tmp/tiny-llama"}
     harness.parameters.record(smoke).full_scale = {"MODEL_NAME": "meta-llama/Llama-2-70b-chat-hf"}
-    full = harness.sizing.full_scale(smoke)
-    assert full["MODEL_NAME"] == "meta-llama/Llama-2-70b-chat-hf" and smoke["MODEL_NAME"] == "/tmp/tiny-llama"
+    full = harness.sizing.full_scale("llama_fsdp", smoke)
+    assert full.MODEL_NAME == "meta-llama/Llama-2-70b-chat-hf" and smoke["MODEL_NAME"] == "/tmp/tiny-llama"
     table = harness.sizing.compare_plans(
         "llama_fsdp", smoke, {"1 worker": {"NUM_WORKERS": 1}, "{NUM_WORKERS} workers": {}}
     )
@@ -236,7 +246,8 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
     # not a smoke run: a plain dict of parameters, no run record
     zero = harness.sizing.compare_plans(
         "gpt2_deepspeed",
-        dict(
+        harness.notebooks.defaults("gpt2_deepspeed")
+        .replace(
             MODEL_NAME="gpt2",
             NUM_WORKERS=2,
             USE_GPU=True,
@@ -244,7 +255,8 @@ def test_compare_plans_sets_full_scale_variants_side_by_side(monkeypatch):
             BATCH_SIZE_PER_WORKER=1,
             MAX_SEQ_LEN=512,
             OFFLOAD="none",
-        ),
+        )
+        .as_dict(),
         {f"ZeRO-{s}": {"ZERO_STAGE": s} for s in (0, 1, 2, 3)},
     )
     per_gpu = [float(cell.split()[0]) for cell in zero.iloc[0]]
@@ -257,7 +269,7 @@ def test_the_plan_table_shows_the_parameter_count_and_each_rows_terms():
     # A person checking a plan needs the model's size and what each figure is made of (issue 21, item 5).
     import harness.sizing
 
-    table = harness.sizing.plan_for("llama_fsdp", LLAMA_FULL_SCALE).table()
+    table = harness.sizing.plan_for("llama_fsdp", full_scale()).table()
     assert table.index.name == "Llama-2-70b-chat-hf on 16 workers: 68,976,648,192 parameters"
     terms = table["main terms"]
     assert terms.iloc[0].startswith(
@@ -313,7 +325,7 @@ def test_lora_token_rows_count_their_whole_table_copy_and_its_gradient():
 def test_the_cheapest_shape_for_llama_70b_is_lora_on_one_node():
     import harness.sizing
 
-    p = {**LLAMA_FULL_SCALE, "MAX_STEPS": 500, "LORA_RANK": 0}
+    p = full_scale(MAX_STEPS=500, LORA_RANK=0)
     table = harness.sizing.cheapest_shapes("llama_fsdp", p)
     assert list(table.index[:6]) == [
         ("p5.48xlarge", "LoRA r=16"),
@@ -358,19 +370,18 @@ def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_
 
     import harness.checks
 
-    elastic = {
-        **LLAMA_FULL_SCALE,
-        "CLUSTER": {"p4de.24xlarge": 3},
-        "NUM_WORKERS": 24,
-        "MIN_WORKERS": 16,
-        "GRADIENT_ACCUMULATION_STEPS": 1,
-        "SAVE_STEPS": 250,
-        "SHORT_SAVE_STEPS": 10,
-    }
+    elastic = full_scale(
+        "operating_a_run",
+        CLUSTER={"p4de.24xlarge": 3},
+        NUM_WORKERS=24,
+        MIN_WORKERS=16,
+        SAVE_STEPS=250,
+        SHORT_SAVE_STEPS=10,
+    )
     # It fits on 16. On 16 to 23 workers the global batch of 24 sequences takes 2 micro-steps of one
     # sequence per worker, padded with weight-0 sequences: 32 to 46 sequences' compute for 24.
     with pytest.warns(UserWarning, match=r"up to 1\.92x the compute .* \(on 23 workers; on 16: 1\.33x\)"):
-        harness.checks.check_min_workers("operating_a_run", {**elastic, "SAVE_STEPS": 37})
+        harness.checks.check_min_workers("operating_a_run", elastic.replace(SAVE_STEPS=37))
     with pytest.warns(
         UserWarning,
         match=r"SAVE_STEPS=250 with MIN_WORKERS=16: losing a node .* 6\.8 h of 24 GPUs .*SAVE_STEPS=37 or fewer",
@@ -381,12 +392,12 @@ def test_an_elastic_run_that_would_repeat_hours_at_a_resize_or_pad_its_steps_is_
         match=r"SHORT_SAVE_STEPS=30 with MIN_WORKERS=16: growing back .* 1\.6 h of 16 GPUs .*\(194 s a step\)"
         r".*SHORT_SAVE_STEPS=18 or fewer",
     ):
-        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 37, "SHORT_SAVE_STEPS": 30})
+        harness.checks.check_elastic_save_interval(elastic.replace(SAVE_STEPS=37, SHORT_SAVE_STEPS=30))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 37})  # the bound it names
-        harness.checks.check_elastic_save_interval({**elastic, "SAVE_STEPS": 37, "SHORT_SAVE_STEPS": 18})
-        harness.checks.check_elastic_save_interval({**elastic, "USE_GPU": False})  # CPU: no estimate
+        harness.checks.check_elastic_save_interval(elastic.replace(SAVE_STEPS=37))  # the bound it names
+        harness.checks.check_elastic_save_interval(elastic.replace(SAVE_STEPS=37, SHORT_SAVE_STEPS=18))
+        harness.checks.check_elastic_save_interval(elastic.replace(USE_GPU=False))  # CPU: no estimate
 
 
 def test_make_plan_prints_a_notebooks_full_scale_plan_and_refuses_what_cannot_fit(capsys):

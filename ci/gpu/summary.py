@@ -42,7 +42,7 @@ def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
     one_gpu = {"NUM_WORKERS": 1, "USE_GPU": True, "CLUSTER": {"p5.48xlarge": 1}, "MODEL_NAME": folder}
     if notebook == "llama_fsdp":
         p = {
-            **parameter_defaults("llama_fsdp"),
+            **parameter_defaults(run["notebook"]),  # llama_fsdp's, or llama_lora's
             **one_gpu,
             "LORA_RANK": run["lora_rank"],
             "LORA_MERGED": False,
@@ -56,6 +56,7 @@ def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
         p.update(BATCH_SIZE_PER_WORKER=config["batch_size_per_worker"], MAX_SEQ_LEN=config["seq_len"])
         return harness.sizing.plan_for(notebook, p).as_dict()
     p = {
+        **parameter_defaults(notebook),
         **result["config"]["parameters"],
         **one_gpu,
         "ZERO_STAGE": run["zero_stage"],

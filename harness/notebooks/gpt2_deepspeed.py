@@ -5,7 +5,9 @@ Its smoke values and its results are in the notebook itself (the Set up cell, th
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
+from basics.parameters import Parameters
 from basics.plan import Recipe
 from basics.validate import ParameterError, check_choice, check_int
 
@@ -20,42 +22,52 @@ ELASTIC_REFUSED = (
 SMOKE_BUDGET_S = 400
 
 
-def check(p: dict) -> None:
+@dataclass(frozen=True, kw_only=True)
+class Gpt2Parameters(Parameters):
+    NUM_EPOCHS: int
+    MAX_STEPS_PER_EPOCH: int
+    ZERO_STAGE: int  # 0 (DDP) to 3
+    OFFLOAD: str  # "none", "optimizer" or "optimizer+params"
+    PRECISION: str
+    EXPERIMENT_PREFIX: str  # the run's folder under STORAGE_PATH
+
+
+def check(p: Gpt2Parameters) -> None:
     """The parameters cell's values `p`, by this notebook's rules; a ParameterError names the first bad one."""
-    check_int("NUM_EPOCHS", p["NUM_EPOCHS"], minimum=1)
-    check_int("MAX_STEPS_PER_EPOCH", p["MAX_STEPS_PER_EPOCH"], minimum=1)
-    check_int("MAX_SEQ_LEN", p["MAX_SEQ_LEN"], minimum=8)
-    check_choice("ZERO_STAGE", p["ZERO_STAGE"], [0, 1, 2, 3])
-    check_choice("OFFLOAD", p["OFFLOAD"], ["none", "optimizer", "optimizer+params"])
-    if p["OFFLOAD"] != "none" and p["ZERO_STAGE"] == 0:
-        raise ParameterError(f"OFFLOAD={p['OFFLOAD']!r} needs ZERO_STAGE 1, 2 or 3: offload is part of ZeRO.")
-    if p["OFFLOAD"] == "optimizer+params" and p["ZERO_STAGE"] != 3:
+    check_int("NUM_EPOCHS", p.NUM_EPOCHS, minimum=1)
+    check_int("MAX_STEPS_PER_EPOCH", p.MAX_STEPS_PER_EPOCH, minimum=1)
+    check_int("MAX_SEQ_LEN", p.MAX_SEQ_LEN, minimum=8)
+    check_choice("ZERO_STAGE", p.ZERO_STAGE, [0, 1, 2, 3])
+    check_choice("OFFLOAD", p.OFFLOAD, ["none", "optimizer", "optimizer+params"])
+    if p.OFFLOAD != "none" and p.ZERO_STAGE == 0:
+        raise ParameterError(f"OFFLOAD={p.OFFLOAD!r} needs ZERO_STAGE 1, 2 or 3: offload is part of ZeRO.")
+    if p.OFFLOAD == "optimizer+params" and p.ZERO_STAGE != 3:
         raise ParameterError(
             f"OFFLOAD='optimizer+params' needs ZERO_STAGE=3 (only stage 3 partitions the parameters); "
-            f"ZERO_STAGE={p['ZERO_STAGE']} can offload 'optimizer'."
+            f"ZERO_STAGE={p.ZERO_STAGE} can offload 'optimizer'."
         )
-    check_choice("PRECISION", p["PRECISION"], ["bf16", "fp16", "fp32"])
+    check_choice("PRECISION", p.PRECISION, ["bf16", "fp16", "fp32"])
     # It names the run's folder under STORAGE_PATH: a name, never a path out of it.
-    if not isinstance(p["EXPERIMENT_PREFIX"], str) or not re.fullmatch(
-        r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", p["EXPERIMENT_PREFIX"]
+    if not isinstance(p.EXPERIMENT_PREFIX, str) or not re.fullmatch(
+        r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", p.EXPERIMENT_PREFIX
     ):
         raise ParameterError(
-            f"EXPERIMENT_PREFIX={p['EXPERIMENT_PREFIX']!r}: must be a name of letters, digits, '_', '.' or '-' "
+            f"EXPERIMENT_PREFIX={p.EXPERIMENT_PREFIX!r}: must be a name of letters, digits, '_', '.' or '-' "
             "(at most 64, no '/'), e.g. 'deepspeed_sample'."
         )
-    if p["PRECISION"] == "fp16" and not p["USE_GPU"]:
+    if p.PRECISION == "fp16" and not p.USE_GPU:
         # DeepSpeed's CPU accelerator supports fp16 only with special builds; bf16 works everywhere.
         raise ParameterError("PRECISION='fp16' needs USE_GPU=True; on CPU use PRECISION='bf16' or 'fp32'.")
     check_common(p)
 
 
-def plan_recipe(p: dict) -> Recipe:
+def plan_recipe(p: Gpt2Parameters) -> Recipe:
     """The recipe as `basics.plan.plan_training` sees it, for the parameters `p`."""
     return Recipe(
         activation_checkpointing=False,
-        sharding=f"zero{p['ZERO_STAGE']}",
+        sharding=f"zero{p.ZERO_STAGE}",
         gather_bytes=2,
-        offload=p["OFFLOAD"],
+        offload=p.OFFLOAD,
         loading="every rank",  # every worker calls from_pretrained
         checkpoint="staged",  # DeepSpeed writes each rank's shard locally, then Ray uploads it
         fixes={
@@ -67,5 +79,9 @@ def plan_recipe(p: dict) -> Recipe:
 
 
 RULES = NotebookRules(
-    check=check, plan_recipe=plan_recipe, elastic_refused=ELASTIC_REFUSED, smoke_budget_s=SMOKE_BUDGET_S
+    parameters=Gpt2Parameters,
+    check=check,
+    plan_recipe=plan_recipe,
+    elastic_refused=ELASTIC_REFUSED,
+    smoke_budget_s=SMOKE_BUDGET_S,
 )
