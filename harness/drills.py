@@ -41,8 +41,9 @@ DRILL_ENV = {
     "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
     # After a node is lost, Ray Train may first try the old size from a stale view of the cluster: it waits
-    # this long for the lost node's room (default 60 s), then starts with the workers that fit.
-    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "3",
+    # this long for the lost node's room (default 60 s; here a group's room is ready within 1 s), then starts
+    # with the workers that fit.
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "2",
     # The head's GCS checks each node every second and calls it dead after 3 misses (defaults: 3 s, 5).
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "1000",
