@@ -8,7 +8,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NOTEBOOKS", "Cell", "notebook_path", "cells", "code_cells", "parameter_cells", "title"]
+__all__ = [
+    "NOTEBOOKS",
+    "Cell",
+    "notebook_path",
+    "cells",
+    "code_cells",
+    "parameter_cells",
+    "parameter_defaults",
+    "title",
+]
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -47,6 +56,15 @@ def parameter_cells(notebook: str | Path) -> tuple[str, list[str]]:
     code = code_cells(notebook)
     tagged = next(i for i, c in enumerate(code) if "parameters" in c.tags)
     return "\n\n".join(c.source for c in code[: tagged + 1]), [c.source for c in code[tagged + 1 :]]
+
+
+def parameter_defaults(notebook: str | Path) -> dict:
+    """The notebook's parameters cells, executed here: each upper-case name they assign, with its default (at
+    full scale, unless the environment sets SMOKE_TEST; the paths as it sets them). `make plan`, the GPU
+    measurements, the docs' tables and the tests start from them."""
+    namespace: dict = {}
+    exec(parameter_cells(notebook)[0], namespace)  # noqa: S102 - the project's own notebook
+    return {name: value for name, value in namespace.items() if name.isupper()}
 
 
 def title(notebook: str | Path) -> str:

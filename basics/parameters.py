@@ -1,7 +1,7 @@
 """A notebook's parameters as the packages read them: a frozen dataclass, one field per parameter.
 
 `Parameters` holds what every notebook has; each notebook's module of `harness.notebooks` declares its own
-subclass with the parameters its checks and its plan read (`harness.notebooks.parameters`). The Set up
+subclass with the parameters its checks and its plan read (`harness.notebooks.parameters_of`). The Set up
 cell's checks build it once from the notebook's globals (`of`), and then read attributes: a parameter the
 notebook renamed fails there, in the Set up cell, naming it, not at the last cell of a run.
 

@@ -31,19 +31,17 @@ def parameters(notebook: str, overrides: list[tuple[str, str]]) -> dict:
     known = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
     if notebook not in known:  # a name, never a path: a notebook's parameters cell is run here
         raise Refused(f"NOTEBOOK={notebook!r}: not a notebook of this project; one of {known}")
-    from basics.notebook_files import parameter_cells
+    from basics.notebook_files import parameter_defaults
 
-    source, _ = parameter_cells(ROOT / "notebooks" / f"{notebook}.ipynb")
-    namespace: dict = {}
-    exec(source, namespace)  # noqa: S102 - the project's own notebook
+    values = parameter_defaults(notebook)
     for name, text in overrides:
-        if name not in namespace:
+        if name not in values:
             raise Refused(f"-p {name}: {notebook} has no parameter {name}")
         try:
-            namespace[name] = ast.literal_eval(text)
+            values[name] = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            namespace[name] = text
-    return {k: v for k, v in namespace.items() if k.isupper()}
+            values[name] = text
+    return values
 
 
 class Refused(Exception):
@@ -136,13 +134,13 @@ def _plan(notebook: str, p: dict) -> int:
     from basics.validate import ParameterError
     from harness import checks, sizing
     from harness.notebooks import notebook as notebook_module
-    from harness.notebooks import parameters
+    from harness.notebooks import parameters_of
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *_: print(f"Warning: {message}\n")
         try:
-            p = parameters(notebook, p)
+            p = parameters_of(notebook, p)
             notebook_module(notebook).check(p)
             checks.check_min_workers(notebook, p)
             plan = sizing.plan_for(notebook, p)

@@ -22,7 +22,7 @@ import os
 from basics.parameters import Parameters
 from basics.validate import ParameterError, check_int
 from harness.notebooks import notebook as _notebook
-from harness.notebooks import parameters
+from harness.notebooks import parameters_of
 from harness.sizing import cluster_step_seconds, global_batch, plan_for, sequences_per_gpu
 from harness.storage import redact, shown
 
@@ -34,11 +34,9 @@ def _min_workers(p: Parameters) -> int:
     return p.NUM_WORKERS if p.MIN_WORKERS is None else p.MIN_WORKERS
 
 
-def check_min_workers(notebook: str, p) -> None:
+def check_min_workers(notebook: str, p: Parameters) -> None:
     """`MIN_WORKERS`: None or 1..NUM_WORKERS; fewer than NUM_WORKERS makes the run elastic, which needs a
-    checkpoint that loads at another world size, and a plan that fits on MIN_WORKERS workers. `p`: the
-    notebook's `Parameters`, or a dict of them."""
-    p = parameters(notebook, p)
+    checkpoint that loads at another world size, and a plan that fits on MIN_WORKERS workers."""
     value = p.MIN_WORKERS
     if value is None or value == p.NUM_WORKERS:
         return
@@ -85,13 +83,12 @@ def check_min_workers(notebook: str, p) -> None:
 ELASTIC_REWIND_WARN_H = 1.0
 
 
-def check_elastic_save_interval(p) -> None:
+def check_elastic_save_interval(p: Parameters) -> None:
     """Warn where a resize of an elastic run would repeat more than `ELASTIC_REWIND_WARN_H` of training: losing
     a node, the full group's steps; growing back, those of a group of MIN_WORKERS (the same global batch on
     fewer GPUs, padded where their number does not divide it)."""
     import warnings
 
-    p = parameters("operating_a_run", p)  # the elastic notebook's
     step_s = cluster_step_seconds(p)
     if step_s is None:
         return
@@ -309,7 +306,7 @@ def check_cluster(notebook: str, namespace: dict, plan=None) -> None:
     )
     from harness.tracking import check_tracking_from_nodes, tracking_uri
 
-    p = parameters(notebook, namespace)
+    p = parameters_of(notebook, namespace)
     check_tracking_from_nodes()  # first: before the weights' download below
     # NUM_WORKERS, even where MIN_WORKERS is set: every notebook trains at least one run of a fixed size,
     # which on a cluster with room for fewer would wait for ever.

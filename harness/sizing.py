@@ -12,7 +12,7 @@ import math
 
 from basics.parameters import Parameters
 from harness.notebooks import notebook as harness_notebook
-from harness.notebooks import parameters
+from harness.notebooks import parameters_of
 
 __all__ = [
     "plan_for",
@@ -70,7 +70,7 @@ def plan_for(notebook: str, p, title: str | None = None):
     recipe = harness_notebook(notebook).plan_recipe
     if recipe is None:
         return None
-    p = parameters(notebook, p)
+    p = parameters_of(notebook, p)
     if p.USE_GPU:
         check_node_counts(p.CLUSTER)  # before the model's config is loaded: a wrong count is refused at once
     choices = {}
@@ -137,7 +137,7 @@ def full_scale(notebook: str, namespace: dict) -> Parameters:
 
     from harness.parameters import full_scale_defaults
 
-    return parameters(notebook, ChainMap(full_scale_defaults(namespace), namespace))
+    return parameters_of(notebook, ChainMap(full_scale_defaults(namespace), namespace))
 
 
 # Model FLOPs utilization for the time estimates: the only figure measured for this recipe is the Hugging

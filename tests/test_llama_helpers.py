@@ -117,10 +117,9 @@ def test_compiling_the_layers_is_a_lesson_knob_the_parameters_check():
     """`USE_COMPILE`: on at full scale (measured faster on a GPU, docs/gpu.md), a bool or refused by name."""
     from basics.validate import ParameterError
     from ci.plan import parameters
-    from harness.notebooks import notebook
-    from harness.notebooks import parameters as of_notebook
+    from harness.notebooks import notebook, parameters_of
 
-    p = of_notebook("llama_fsdp", parameters("llama_fsdp", []))
+    p = parameters_of("llama_fsdp", parameters("llama_fsdp", []))
     assert p.USE_COMPILE is True
     notebook("llama_fsdp").check(p)
     with pytest.raises(ParameterError, match="USE_COMPILE"):

@@ -57,13 +57,6 @@ def outside_ray_train() -> None:
     ray.train.collective.barrier = dist.barrier
 
 
-def parameter_defaults(notebook: str) -> dict:
-    """The notebook's parameters cell, executed: its full-scale defaults (`make plan`'s reading of it)."""
-    from ci.plan import parameters
-
-    return parameters(notebook, [])
-
-
 def lesson_cells(namespace: dict, notebook: str, names: tuple, skip: tuple = ()) -> dict:
     """Execute into `namespace` the defining statements (imports, defs, classes, assignments but to `skip`) of
     the cells defining one of `names`: cells `lesson_namespace` leaves out (a class alone, a def and a call)."""

@@ -33,12 +33,12 @@ from pathlib import Path
 import harness.cluster
 import harness.sizing
 import harness.tiny_models
+from basics.notebook_files import parameter_defaults
 from ci.gpu.common import (
     ROOT,
     environment,
     lesson_cells,
     lesson_namespace,
-    parameter_defaults,
     slug,
     write_result,
 )

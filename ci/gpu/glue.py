@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ci.gpu.common import ROOT, environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
+from basics.notebook_files import parameter_defaults
+from ci.gpu.common import ROOT, environment, lesson_cells, lesson_namespace, write_result
 from ci.gpu.dolly import attempt, start_ray
 
 NOTEBOOK = "glue_text_classification"

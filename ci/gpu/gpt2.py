@@ -32,7 +32,8 @@ from pathlib import Path
 
 import harness.cluster
 import harness.sizing
-from ci.gpu.common import environment, lesson_cells, lesson_namespace, parameter_defaults, write_result
+from basics.notebook_files import parameter_defaults
+from ci.gpu.common import environment, lesson_cells, lesson_namespace, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 

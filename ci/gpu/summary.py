@@ -37,7 +37,7 @@ def _model_folder(notebook: str, result: dict, folder: str) -> str:
 
 def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
     """The plan today's code makes for the configuration `run` recorded."""
-    from ci.gpu.common import parameter_defaults
+    from basics.notebook_files import parameter_defaults
 
     one_gpu = {"NUM_WORKERS": 1, "USE_GPU": True, "CLUSTER": {"p5.48xlarge": 1}, "MODEL_NAME": folder}
     if notebook == "llama_fsdp":
@@ -67,7 +67,7 @@ def replan(notebook: str, result: dict, run: dict, folder: str) -> dict:
 
 def _zero_memory_as_run(result: dict) -> dict:
     """zero_memory.py's result as gpt2.py's: the peaks after the engine's set-up (gpt2.py resets them there)."""
-    from ci.gpu.common import parameter_defaults
+    from basics.notebook_files import parameter_defaults
 
     zero = result["ds_config"]["zero_optimization"]
     offload = "none"

@@ -77,7 +77,8 @@ def on_gpu(
     import torch
 
     import harness.sizing
-    from ci.gpu.common import environment, live_at_peak, parameter_defaults, write_result
+    from basics.notebook_files import parameter_defaults
+    from ci.gpu.common import environment, live_at_peak, write_result
 
     if out:
         torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")

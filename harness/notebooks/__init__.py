@@ -2,7 +2,7 @@
 `NotebookRules` (a module that leaves a field out fails when it is imported):
 
 - `parameters`: its parameters as the packages read them, a `basics.parameters.Parameters` subclass
-  (`parameters(name, globals())` builds it);
+  (`parameters_of(name, globals())` builds it);
 - `check(p)`: its parameter rules (the Set up cell's `harness.checks.check_parameters`, `make plan`);
 - `plan_recipe(p)`: its recipe as the "Will it fit?" planner sees it, or None (`harness.sizing.plan_for`);
 - `elastic_refused`: why it cannot go on with fewer workers (`MIN_WORKERS`), or None where it can;
@@ -28,7 +28,7 @@ __all__ = [
     "NAMES",
     "NotebookRules",
     "notebook",
-    "parameters",
+    "parameters_of",
     "defaults",
     "check_common",
     "check_cpus_per_worker",
@@ -59,7 +59,7 @@ def notebook(name: str) -> NotebookRules:
     return importlib.import_module(f"{__name__}.{name}").RULES
 
 
-def parameters(name: str, values) -> Parameters:
+def parameters_of(name: str, values) -> Parameters:
     """The notebook `name`'s parameters among `values` (its globals, or a dict of parameters: `make plan`'s,
     a test's), as its module declares them; `values` itself where it is one already."""
     if isinstance(values, Parameters):
@@ -70,12 +70,9 @@ def parameters(name: str, values) -> Parameters:
 def defaults(name: str) -> Parameters:
     """The notebook `name`'s parameters as its parameters cells set them, at full scale (SMOKE_TEST as the
     environment says: unset, False): the docs' tables start from them."""
-    from basics.notebook_files import parameter_cells
+    from basics.notebook_files import parameter_defaults
 
-    source, _ = parameter_cells(name)
-    namespace: dict = {}
-    exec(source, namespace)  # noqa: S102 - the project's own notebook
-    return parameters(name, namespace)
+    return parameters_of(name, parameter_defaults(name))
 
 
 def check_common(p: Parameters) -> None:
